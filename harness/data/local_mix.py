@@ -1,0 +1,69 @@
+"""local_mix: the controlled study's data recipe over offline sources (this machine).
+
+Sources: Shakespeare plays (books, PG19-like), CPython stdlib (code, Proof-pile-like) and the tiny model's synthetic
+retrieval documents (``harness.data.synthetic``, varied formats, lengths drawn up to the training length). Same
+builder as ``slimpajama_upsampled`` (``harness.data.mixture``): per-source token shares, length upsampling,
+packing across document boundaries into chunks of exactly the training length.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from harness.data import DATA, DataArgs, cached_chunks
+from harness.data.mixture import pack, sample_mixture
+from harness.data.sources import load_source
+from harness.data.synthetic import FillerFactory, synthetic_document
+
+
+def _default_shares():
+    return {"shakespeare": 0.45, "python_stdlib": 0.25, "synthetic": 0.30}
+
+
+@DATA.register("local_mix")
+class LocalMix:
+    @dataclass
+    class Args(DataArgs):
+        name: str = "local_mix"
+        shares: dict = field(default_factory=_default_shares)  # token share per source
+        long_threshold: int = 0  # 0 = the training length
+        upsample: float = 4.0  # sampling weight of long documents relative to short ones, within a source
+        doc_tokens: int = 4096  # natural texts are cut into documents of at most this many tokens
+        synthetic_docs: int = 600
+
+    @staticmethod
+    def documents(a: "LocalMix.Args", tokenizer, seq_len: int) -> dict[str, list[list[int]]]:
+        enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
+        out: dict[str, list[list[int]]] = {}
+        rng = random.Random(a.seed)
+        for src in a.shares:
+            if src == "synthetic":
+                texts = [d.text for d in load_source("shakespeare", "train")[:4]]
+                filler = FillerFactory(texts, a.seed)
+                count = lambda t: len(enc(t))  # noqa: E731
+                docs = []
+                for _ in range(a.synthetic_docs):  # log-uniform lengths: many short, some as long as seq_len
+                    budget = int(32 * (max(seq_len, 64) / 32) ** rng.random())
+                    docs.append(enc(synthetic_document(rng, filler, budget, count)))
+                out[src] = docs
+            else:
+                docs = []
+                for d in load_source(src, "train"):
+                    ids = enc(d.text)
+                    # cut long texts into documents of random length <= doc_tokens (a mix of short and long)
+                    i = 0
+                    while i < len(ids):
+                        n = rng.randint(a.doc_tokens // 8, a.doc_tokens)
+                        docs.append(ids[i : i + n])
+                        i += n
+                out[src] = docs
+        return out
+
+    @staticmethod
+    def build(a: "LocalMix.Args", tokenizer, seq_len: int, n_tokens: int):
+        def make():
+            docs = LocalMix.documents(a, tokenizer, seq_len)
+            picks = sample_mixture(docs, a.shares, n_tokens, a.long_threshold or seq_len, a.upsample, a.seed)
+            return pack(docs, picks, seq_len, n_tokens, tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+        return cached_chunks(a, tokenizer, seq_len, n_tokens, make)

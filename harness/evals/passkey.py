@@ -1,0 +1,110 @@
+"""passkey: passkey retrieval (Mohtashami & Jaggi 2023; ``epfml/landmark-attention llama/run_test.py``).
+
+The prompt is byte-identical to the original: ``"\\n".join([task, garbage_prefix, info_line, garbage_suffix,
+question])`` with character-level garbage slices (which may cut mid-word) and ``pass_key = randint(1, 50000)``.
+Length control follows YaRN's ``eval/passkey.py`` (grow the garbage in 128-character steps up to the target token
+count), here computed by bisection on the number of 128-char steps so that prompt + generation budget <= L. The
+needle's character offset is ``randint(0, n_garbage)`` as in the original. Scoring: the first integer in the
+greedy continuation equals the pass key (original: ``max_new_tokens=10``; here 8 by default, enough for 5 digits
+plus a space on every tokenizer used).
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+
+from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals.common import greedy_generate
+from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
+
+STEP = 128  # characters of garbage added per step (YaRN eval/passkey.py)
+
+
+def passkey_prompt(n_garbage: int, n_prefix: int, pass_key: int) -> str:
+    garbage_inf = " ".join([PASSKEY_GARBAGE] * (n_garbage // len(PASSKEY_GARBAGE) + 2))
+    prefix = garbage_inf[:n_prefix]
+    suffix = garbage_inf[: n_garbage - n_prefix]
+    info = PASSKEY_INFO.format(pass_key=pass_key)
+    return "\n".join([PASSKEY_TASK, prefix, info, suffix, PASSKEY_QUESTION])
+
+
+def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int) -> dict:
+    """A prompt whose token count (BOS included) is at most ``length - gen_tokens``, as long as possible."""
+    budget = length - gen_tokens
+    n_tok = lambda s: len(tokenizer(s).input_ids)  # noqa: E731
+    pass_key = rng.randint(1, 50000)
+    lo, hi = 0, 1
+    while n_tok(passkey_prompt(hi * STEP, hi * STEP // 2, pass_key)) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if n_tok(passkey_prompt(mid * STEP, mid * STEP // 2, pass_key)) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    n_garbage = lo * STEP
+    n_prefix = rng.randint(0, n_garbage)
+    prompt = passkey_prompt(n_garbage, n_prefix, pass_key)
+    while n_garbage > 0 and n_tok(prompt) > budget:  # the random split can change the count by a token or two
+        n_garbage -= STEP
+        n_prefix = min(n_prefix, n_garbage)
+        prompt = passkey_prompt(n_garbage, n_prefix, pass_key)
+    if n_tok(prompt) > budget:
+        raise ValueError(f"passkey: length {length} is too short for the template itself")
+    depth = n_prefix / n_garbage if n_garbage else 0.0
+    return {"prompt": prompt, "pass_key": pass_key, "depth": depth, "n_garbage": n_garbage}
+
+
+def score(continuation: str, pass_key: int) -> bool:
+    m = re.search(r"\d+", continuation)
+    return bool(m) and int(m.group()) == pass_key
+
+
+def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
+                dtype: str = "auto") -> list[dict]:
+    rng = random.Random(f"passkey-{seed}-{length}")
+    records = []
+    for i in range(n_samples):
+        s = make_sample(tokenizer, length, rng, gen_tokens)
+        ids = tokenizer(s["prompt"], return_tensors="pt").input_ids
+        new = greedy_generate(model, ids, gen_tokens, dtype=dtype)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        records.append({"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
+                        "prompt_tokens": ids.shape[1], "prediction": text, "correct": score(text, s["pass_key"])})
+    return records
+
+
+def passkey_accuracy(model, tokenizer, length: int, n_samples: int = 50, seed: int = 0) -> float:
+    recs = run_passkey(model, tokenizer, length, n_samples, seed)
+    return sum(r["correct"] for r in recs) / len(recs)
+
+
+@EVALS.register("passkey")
+class Passkey:
+    @dataclass
+    class Args(EvalArgs):
+        name: str = "passkey"
+        samples: int = 20  # prompts per length (original: 50; YaRN: 20)
+        gen_tokens: int = 8
+        depth_bins: int = 5
+
+    def __init__(self, args):
+        self.args = args
+
+    def run(self, handle, method, ctx) -> dict:
+        a = self.args
+        lengths, skipped = split_lengths(a.lengths, handle, method)
+        acc, by_depth = {}, {}
+        for L in lengths:
+            recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast)
+            write_jsonl(ctx.samples_path("passkey"), recs)
+            acc[str(L)] = sum(r["correct"] for r in recs) / len(recs)
+            bins = [[] for _ in range(a.depth_bins)]
+            for r in recs:
+                bins[min(int(r["depth"] * a.depth_bins), a.depth_bins - 1)].append(r["correct"])
+            by_depth[str(L)] = [round(sum(b) / len(b), 4) if b else None for b in bins]
+        return {"accuracy": acc, "accuracy_by_depth": by_depth, "samples_per_length": a.samples,
+                "skipped": skipped}

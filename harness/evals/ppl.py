@@ -1,0 +1,128 @@
+"""ppl: perplexity over long documents with the two protocols that both get called "sliding window 256".
+
+``protocol: yarn`` (``jquesnelle/yarn eval/perplexity.py``; the YaRN / PI tables): documents with at least
+``min_tokens`` tokens, the first ``samples`` of them, each scored from its start. With ``truncate`` (Proof-pile
+tables) each document gives one window ``[BOS] + doc[:L-1]`` and every one of its L-1 tokens is scored; without,
+the window slides by ``stride`` and each window scores only tokens not scored before. PPL = exp(unweighted mean of
+per-window mean NLL), as in the original.
+
+``protocol: longlora`` (``dvlab-research/LongLoRA eval.py``, reused by the controlled study's LCEG
+``eval_perplexity``): the first ``samples`` documents (LCEG: 10) concatenated into one stream with BOS at each
+document start, windows of L tokens starting every ``stride`` tokens (the last start dropped: ``all_ix.pop()``),
+every window scored in full (L-1 predictions), PPL = e^(mean window loss). The numbers of the two protocols are not
+comparable. ``max_windows > 0`` scores an evenly spaced subset of the windows (CPU budget); the row records how
+many windows were scored out of how many.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.data.sources import load_source, local_directory
+from harness.evals import EVALS, EvalArgs, split_lengths
+from harness.evals.common import token_nll
+
+
+def load_documents(dataset: str, split: str):
+    if dataset.startswith("dir:"):
+        return local_directory(dataset[4:])
+    return load_source(dataset, split)
+
+
+def yarn_windows(n_tokens: int, L: int, stride: int, truncate: bool, add_bos: bool):
+    """(begin, end, trg_len) of every window YaRN's loop scores for one document of n_tokens tokens."""
+    max_len = L - 1 if add_bos else L
+    if truncate:
+        n_tokens, stride = min(n_tokens, max_len), max_len
+    out, prev_end = [], 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + max_len, n_tokens)
+        out.append((begin, end, end - prev_end))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
+
+
+def longlora_starts(n_tokens: int, L: int, stride: int) -> list[int]:
+    ix = list(range(0, n_tokens - L, stride))
+    if ix:
+        ix.pop()
+    return ix
+
+
+def subsample(starts: list[int], k: int) -> list[int]:
+    if k <= 0 or len(starts) <= k:
+        return starts
+    pick = np.linspace(0, len(starts) - 1, k).round().astype(int)
+    return [starts[i] for i in pick]
+
+
+@EVALS.register("ppl")
+class Perplexity:
+    @dataclass
+    class Args(EvalArgs):
+        name: str = "ppl"
+        dataset: str = "shakespeare"  # a text source name, or dir:<path> of .txt files (PG19 / Proof-pile)
+        split: str = "test"
+        protocol: str = "yarn"  # yarn | longlora
+        samples: int = 10  # documents
+        min_tokens: int = 0  # 0 = the largest evaluation length
+        truncate: bool = True  # yarn protocol only
+        stride: int = 256
+        max_windows: int = 0  # longlora protocol: score at most this many windows per length (0 = all)
+        chunk: int = 1024  # positions per LM-head chunk
+
+    def __init__(self, args):
+        if args.protocol not in ("yarn", "longlora"):
+            from harness.config import ConfigError
+
+            raise ConfigError(f"ppl: unknown protocol {args.protocol!r} (yarn | longlora)")
+        self.args = args
+
+    def documents(self, tokenizer, min_tokens: int) -> tuple[list[list[int]], int]:
+        docs, short = [], 0
+        for d in load_documents(self.args.dataset, self.args.split):
+            ids = tokenizer(d.text, add_special_tokens=False).input_ids
+            if len(ids) >= min_tokens:
+                docs.append(ids)
+            else:
+                short += 1
+            if len(docs) == self.args.samples:
+                break
+        return docs, short
+
+    def run(self, handle, method, ctx) -> dict:
+        a = self.args
+        lengths, skipped = split_lengths(a.lengths, handle, method)
+        tok, model = handle.tokenizer, handle.model
+        min_tokens = a.min_tokens or max(lengths or [0])
+        docs, short = self.documents(tok, min_tokens)
+        bos = tok.bos_token_id
+        res, scored = {}, {}
+        for L in lengths:
+            if a.protocol == "yarn":
+                nlls, n = [], 0
+                for d in docs:
+                    for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None):
+                        ids = torch.tensor([([bos] if bos is not None else []) + d[b:e]])
+                        nll = token_nll(model, ids, a.chunk, ctx.autocast)[0, -trg:]
+                        nlls.append(nll.mean().item())
+                        n += trg
+                res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
+                scored[str(L)] = {"tokens": n, "windows": len(nlls)}
+            else:
+                stream = []
+                for d in docs:
+                    stream += ([bos] if bos is not None else []) + d
+                starts = longlora_starts(len(stream), L, a.stride)
+                use = subsample(starts, a.max_windows)
+                losses = [token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk, ctx.autocast).mean().item()
+                          for i in use]
+                res[str(L)] = 2.71828 ** float(np.mean(losses)) if losses else None
+                scored[str(L)] = {"tokens": len(use) * (L - 1), "windows": len(use), "windows_total": len(starts)}
+        return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": len(docs),
+                "documents_too_short": short, "scored": scored, "skipped": skipped}

@@ -1,0 +1,91 @@
+"""Context-extension methods: one file + one YAML each, registered by a stable short name (``method=pi``).
+
+A method is a small object with five hooks (all optional but ``apply``), called in this order by ``run.py``:
+
+- ``apply(handle)``: change the loaded model for the extended context (RoPE parameters, attention function, ...),
+  in place. Called once, before fine-tuning and evaluation alike.
+- ``train_mode(handle)`` / ``eval_mode(handle)``: switch what differs between fine-tuning and inference
+  (LongLoRA: shifted sparse attention + LoRA while training, merged weights and full attention at inference).
+- ``max_length(handle)``: the longest evaluation length the method supports (None = unbounded); evaluators report
+  longer lengths as skipped.
+- ``params()``: the method's parameters; saved beside every checkpoint it produces (``method.json``) and checked
+  when a checkpoint is loaded, so a checkpoint is never evaluated under a different method.
+
+Methods receive plain arguments from their ``Args`` dataclass (validated against the YAML), never a DictConfig.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import ConfigError, to_args
+from harness.registry import Registry
+
+METHODS: Registry = Registry("method", "harness.methods")
+
+
+@dataclass
+class MethodArgs:
+    name: str = ""
+
+
+class Method:
+    """No-op hooks; a method overrides what it needs. One level only: no method inherits from another method."""
+
+    Args = MethodArgs
+
+    def __init__(self, args):
+        self.args = args
+
+    @property
+    def name(self) -> str:
+        return self.args.name
+
+    def apply(self, handle) -> None:
+        pass
+
+    def train_mode(self, handle) -> None:
+        pass
+
+    def eval_mode(self, handle) -> None:
+        pass
+
+    def max_length(self, handle) -> int | None:
+        return None
+
+    def train_batch(self, input_ids):
+        """Model inputs for one training micro-batch of packed token ids (Landmark inserts its tokens here)."""
+        return {"input_ids": input_ids, "labels": input_ids}
+
+    def params(self) -> dict:
+        return dataclasses.asdict(self.args)
+
+
+def build_method(cfg) -> Method:
+    name = cfg.get("name") if hasattr(cfg, "get") else None
+    if not name:
+        raise ConfigError("method config has no name")
+    cls = METHODS.get(name)
+    return cls(to_args(cls.Args, cfg, f"method={name}"))
+
+
+METHOD_FILE = "method.json"
+
+
+def save_method(directory: str | Path, method: Method) -> None:
+    Path(directory, METHOD_FILE).write_text(json.dumps(method.params(), indent=2, sort_keys=True))
+
+
+def check_checkpoint_method(directory: str | Path, method: Method) -> None:
+    """Refuse to use a fine-tuned checkpoint under a method other than the one it was trained with."""
+    f = Path(directory, METHOD_FILE)
+    if not f.exists():
+        return  # a pretrained (not fine-tuned) model: any method may be applied
+    saved = json.loads(f.read_text())
+    now = json.loads(json.dumps(method.params(), sort_keys=True))
+    if saved != now:
+        diff = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+        raise ConfigError(f"checkpoint {directory} was trained with method {saved.get('name')!r}; "
+                          f"it does not match method {now.get('name')!r}: {diff}")

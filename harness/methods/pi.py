@@ -1,0 +1,26 @@
+"""pi: Position Interpolation (Chen et al. 2023): positions m -> m/s, i.e. every RoPE frequency divided by s.
+
+Uses transformers' ``"linear"`` rope type (``_compute_linear_scaling_rope_parameters``: inv_freq /= factor,
+attention factor 1). The controlled study (LCEG ``continuous_finetuning/fine-tune.py``) and LongLoRA set
+``factor = ceil(L_train / L_pretrained)``: 8 for 4k -> 32k; here ``scale`` is that factor (tiny: 256 -> 2048 = 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.config import ConfigError
+from harness.methods import METHODS, Method, MethodArgs
+from harness.methods.rope import set_rope_parameters
+
+
+@METHODS.register("pi")
+class PI(Method):
+    @dataclass
+    class Args(MethodArgs):
+        name: str = "pi"
+        scale: float = 8.0  # s = L' / L
+
+    def apply(self, handle) -> None:
+        if self.args.scale < 1:
+            raise ConfigError(f"method=pi: scale must be >= 1, got {self.args.scale}")
+        set_rope_parameters(handle.model, rope_type="linear", factor=float(self.args.scale))

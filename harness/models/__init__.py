@@ -1,0 +1,104 @@
+"""Models: one file + one YAML each, registered by short name (``model=tiny_llama``).
+
+A model builder returns a ``ModelHandle``: the transformers model, its tokenizer and the facts the methods and
+evaluators need (native context window, rotary dimension). Loading is offline by construction: local directories,
+files shipped inside installed packages, or a hub id that must already be in the local cache on a cluster.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.config import ConfigError, to_args
+from harness.registry import Registry
+
+MODELS: Registry = Registry("model", "harness.models")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelArgs:
+    """Fields shared by every model YAML."""
+
+    name: str = ""
+    path: str = ""  # local dir or hub id (hub ids only resolve from the local cache: no downloads at run time)
+    native_ctx: int = 0  # pretrained context window C
+    dtype: str = "float32"  # weights dtype; compute uses autocast from the train/eval configs
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU only; falls back to sdpa)
+    gguf_file: str = ""
+
+
+@dataclass
+class ModelHandle:
+    model: Any
+    tokenizer: Any
+    name: str
+    native_ctx: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def resolve_attn_implementation(requested: str) -> str:
+    if requested == "flash_attention_2":
+        has_fa = importlib.util.find_spec("flash_attn") is not None
+        if not (has_fa and torch.cuda.is_available()):
+            warnings.warn("flash_attention_2 needs the flash-attn package and a CUDA GPU; falling back to sdpa")
+            return "sdpa"
+    return requested
+
+
+def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: str = ""):
+    """Load a causal LM and its tokenizer from a local directory, a cached hub id, or a GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw: dict = {"gguf_file": gguf_file} if gguf_file else {}
+    is_local = os.path.isdir(path)
+    if not is_local and not gguf_file:
+        kw["local_files_only"] = os.environ.get("HF_HUB_OFFLINE", "1") == "1"
+    try:
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], attn_implementation=resolve_attn_implementation(attn_implementation), **kw
+        )
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot load model from {path!r}: {first}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.eval()
+    return model, tok
+
+
+def rotary_dim(config) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rp = getattr(config, "rope_parameters", None) or {}
+    prf = rp.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    return int(head_dim * prf)
+
+
+def build_model(cfg) -> ModelHandle:
+    """The one builder: validate the ``model`` config group and load it."""
+    name = (cfg or {}).get("name") if not hasattr(cfg, "name") else cfg.name
+    if not name:
+        raise ConfigError("model config has no name")
+    builder = MODELS.get(name)
+    args = to_args(builder.Args, cfg, f"model={name}")
+    return builder.build(args)
+
+
+def load_model(name: str, **overrides) -> ModelHandle:
+    """Convenience for scripts and tests: load a registered model with its YAML defaults plus overrides."""
+    from harness.conf_utils import group_defaults
+
+    node = group_defaults("model", name)
+    node.update(overrides)
+    return build_model(node)

@@ -1,0 +1,42 @@
+"""tiny_llama: the embedded default, a 5M-parameter Llama with native window C=256, shipped in the repo.
+
+Trained by ``scripts/pretrain_tiny.py``; its model card (training data, steps, tokens, loss, passkey gate) is
+``harness/assets/tiny_llama/README.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import ConfigError
+from harness.models import MODELS, ModelArgs, ModelHandle, load_pretrained, rotary_dim
+
+ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_llama"
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<landmark>"]
+
+
+def tiny_config(vocab_size: int, rope_theta: float, bos: int, eos: int, pad: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta}, tie_word_embeddings=False,
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, rms_norm_eps=1e-5,
+    )
+
+
+@MODELS.register("tiny_llama")
+class TinyLlama:
+    @dataclass
+    class Args(ModelArgs):
+        name: str = "tiny_llama"
+        native_ctx: int = 256
+
+    @staticmethod
+    def build(a: "TinyLlama.Args") -> ModelHandle:
+        path = a.path or str(ASSET_DIR)
+        if not (Path(path) / "model.safetensors").exists():
+            raise ConfigError(f"tiny_llama weights not found in {path} (run scripts/pretrain_tiny.py)")
+        model, tok = load_pretrained(path, a.dtype, a.attn_implementation)
+        return ModelHandle(model, tok, "tiny_llama", a.native_ctx, {"path": path, "rotary_dim": rotary_dim(model.config)})

@@ -1,0 +1,65 @@
+"""A tiny registry: stable short names -> builders. Each component package keeps one instance.
+
+A model, method, dataset or evaluator is one file that registers itself with a decorator::
+
+    @METHODS.register("pi")
+    class PI(Method): ...
+
+The short name is what Hydra selects (``method=pi``) and what the results row and the tables use as a column, so it
+never changes with a refactor. Packages import all their modules on first lookup (``autoload``) so that
+registering is the only step needed to add one.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, package: str):
+        self.kind, self.package = kind, package
+        self._items: dict[str, T] = {}
+        self._loaded = False
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items and self._items[name] is not obj:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = obj
+            try:
+                obj.registered_name = name  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                pass
+            return obj
+
+        return deco
+
+    def autoload(self) -> None:
+        if self._loaded:
+            return
+        pkg = importlib.import_module(self.package)
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{self.package}.{mod.name}")
+        self._loaded = True
+
+    def get(self, name: str) -> T:
+        self.autoload()
+        if name not in self._items:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._items))}")
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        self.autoload()
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        self.autoload()
+        return name in self._items
+
+    def items(self) -> list[tuple[str, Any]]:
+        self.autoload()
+        return sorted(self._items.items())

@@ -1,0 +1,41 @@
+"""Experiment tracking: wandb, offline by default (``logger=wandb``; ``logger.mode=online`` on a cluster), or none."""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+
+class _Null:
+    def log(self, key, value):
+        pass
+
+    def finish(self, row):
+        pass
+
+
+class _Wandb:
+    def __init__(self, cfg, row):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.logger.project, mode=cfg.logger.mode, dir=row["run_dir"],
+                              name=row["run_id"], config=OmegaConf.to_container(cfg, resolve=True))
+
+    def log(self, key, value):
+        flat = {}
+        for metric, v in (value or {}).items():
+            if isinstance(v, dict):
+                for L, x in v.items():
+                    if isinstance(x, (int, float)):
+                        flat[f"{key}/{metric}/{L}"] = x
+        if flat:
+            self.run.log(flat)
+
+    def finish(self, row):
+        self.run.summary["status"] = row["status"]
+        self.run.finish(exit_code=0 if row["status"] == "ok" else 1)
+
+
+def start(cfg, row):
+    if cfg.get("logger") and cfg.logger.get("name") == "wandb":
+        return _Wandb(cfg, row)
+    return _Null()

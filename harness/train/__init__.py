@@ -1,0 +1,63 @@
+"""Fine-tuning: the paper's recipe (Table 7 / Section 4) as one typed config, one step function, two engines.
+
+- ``harness.train.step``: the step shared by both engines (forward, loss, backward with accumulation).
+- ``harness.train.loop``: single-process engine (this CPU, quick runs): AdamW, linear warm-up, EMA, atomic
+  resumable checkpoints.
+- ``harness.train.deepspeed_engine``: multi-process ZeRO-3 engine launched with torchrun (CPU gloo or GPU nccl).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.config import ConfigError
+
+
+@dataclass
+class TrainArgs:
+    name: str = "none"
+    enabled: bool = False  # false = frozen method, no fine-tuning
+    engine: str = "single"  # single | deepspeed
+    seq_len: int = 0  # training length in tokens (paper: 32768; tiny: 2048 = 8C)
+    tokens: int = 0  # tokens to train on (paper: 1B; 2B for NTK-64K-2B)
+    global_batch: int = 32  # sequences per optimizer step = micro_batch x grad accumulation x world size
+    micro_batch: int = 1
+    world_size: int = 1  # ranks for the deepspeed engine (torchrun --nproc_per_node)
+    lr: float = 2e-5
+    schedule: str = "constant_with_warmup"  # constant_with_warmup | linear | cosine (after the linear warm-up)
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    ema: bool = True  # evaluate the EMA of the weights (paper; absent from its code release)
+    ema_decay: float = 0.999  # constant decay
+    autocast: str = "auto"  # auto | bfloat16 | float32
+    grad_checkpointing: bool = False
+    zero_stage: int = 3  # deepspeed engine
+    offload: bool = False  # deepspeed: offload optimizer + params to CPU
+    save_every: int = 50  # steps between resumable checkpoints (0 = only at the end)
+    max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
+    log_every: int = 5
+    seed: int = 0
+
+    def steps(self) -> int:
+        n = self.tokens // (self.global_batch * self.seq_len) if self.seq_len > 0 else 0
+        return min(n, self.max_steps) if self.max_steps else n
+
+    def accumulation(self) -> int:
+        per = self.micro_batch * self.world_size
+        if self.global_batch % per:
+            raise ConfigError(f"train: global_batch {self.global_batch} is not a multiple of micro_batch x "
+                              f"world_size = {per}")
+        return self.global_batch // per
+
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        if self.seq_len <= 0:
+            raise ConfigError(f"train={self.name}: seq_len must be positive, got {self.seq_len}")
+        if self.steps() < 1:
+            raise ConfigError(f"train={self.name}: {self.tokens} tokens is less than one step of "
+                              f"{self.global_batch} x {self.seq_len}")
+        if self.engine not in ("single", "deepspeed"):
+            raise ConfigError(f"train={self.name}: unknown engine {self.engine!r} (single | deepspeed)")
+        self.accumulation()

@@ -1,0 +1,141 @@
+"""Single-process fine-tuning engine: AdamW + linear warm-up + EMA, resumable from atomic checkpoints.
+
+Resumption: checkpoints live in ``ckpt_dir`` (keyed by the run's fingerprint: model, method, data and train
+configs), each written to a temporary directory and renamed into place, holding model, optimizer, scheduler, EMA,
+step (= data position: chunk ``i`` of the packed data is used at a fixed step) and every RNG state. Started again
+with the same command, a killed run resumes from the newest complete checkpoint and, on CPU, ends with the same
+weights as an uninterrupted run. A checkpoint with a different fingerprint is never resumed from.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from harness.train import TrainArgs
+from harness.train.ema import EMA
+from harness.train.step import lr_lambda, micro_step
+
+
+def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: int, rank: int = 0, world: int = 1):
+    """The micro-batches of optimizer step ``step`` for ``rank``: a pure function of (step, rank), which is what
+    makes resumption exact and ranks disjoint."""
+    per_step = accumulation * micro * world
+    n = len(chunks)
+    for a in range(accumulation):
+        start = step * per_step + (a * world + rank) * micro
+        idx = [(start + j) % n for j in range(micro)]
+        ids = torch.from_numpy(np.asarray(chunks[idx], dtype=np.int64))
+        yield ids
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(s: dict) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerprint: str, info: dict) -> None:
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_dir / f".tmp-step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, tmp / "model.safetensors")
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "ema": ema.state_dict() if ema else None, "rng": _rng_state()}, tmp / "state.pt")
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint, **info}))
+    final = ckpt_dir / f"step_{step}"
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)  # atomic on POSIX: a checkpoint directory is either absent or complete
+    for old in ckpt_dir.glob("step_*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_dir: Path, fingerprint: str) -> Path | None:
+    best = None
+    for d in ckpt_dir.glob("step_*"):
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("fingerprint") != fingerprint:
+            continue
+        if best is None or meta["step"] > best[0]:
+            best = (meta["step"], d)
+    return best[1] if best else None
+
+
+def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, fingerprint: str,
+             progress=None) -> dict:
+    """Fine-tune ``handle.model`` in place on ``chunks``; returns what was actually done (for the results row)."""
+    model = handle.model
+    torch.manual_seed(a.seed)
+    method.train_mode(handle)
+    if a.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+    total = a.steps()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
+    ema = EMA(model, a.ema_decay) if a.ema else None
+    accumulation = a.accumulation()
+    start, resumed_from = 0, None
+    last = latest_checkpoint(ckpt_dir, fingerprint)
+    if last is not None:
+        model.load_state_dict(load_file(last / "model.safetensors"), strict=True)
+        st = torch.load(last / "state.pt", weights_only=False)
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        if ema and st["ema"]:
+            ema.load_state_dict(st["ema"])
+        _set_rng_state(st["rng"])
+        start = json.loads((last / "meta.json").read_text())["step"]
+        resumed_from = start
+    losses: list[float] = []
+    t0 = time.time()
+    tokens_per_step = a.global_batch * a.seq_len
+    for step in range(start, total):
+        loss = 0.0
+        for ids in batches_for_step(chunks, step, accumulation, a.micro_batch):
+            batch = method.train_batch(ids)
+            loss += micro_step(model, batch, accumulation, a.autocast) / accumulation
+        if a.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if ema:
+            ema.update(model)
+        losses.append(loss)
+        if progress:
+            progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0))
+        if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
+            save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1)})
+    wall = time.time() - t0
+    if ema:
+        ema.copy_to(model)
+    model.eval()
+    method.eval_mode(handle)
+    return {
+        "engine": "single", "steps": total, "resumed_from_step": resumed_from,
+        "tokens_seen": tokens_per_step * total, "seq_len": a.seq_len,
+        "effective_global_batch": a.micro_batch * accumulation * 1, "micro_batch": a.micro_batch,
+        "grad_accumulation": accumulation, "world_size": 1, "lr": a.lr, "schedule": a.schedule,
+        "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay, "ema": a.ema,
+        "ema_decay": a.ema_decay if a.ema else None, "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None, "losses": [round(x, 4) for x in losses],
+        "train_seconds": round(wall, 2), "tokens_per_second": round(tokens_per_step * len(losses) / max(wall, 1e-9), 1),
+    }

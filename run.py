@@ -1,0 +1,44 @@
+"""One run of the controlled study: model x method x data x train x eval -> one results row.
+
+    python run.py                                   # embedded default: tiny_llama, PI, tiny fine-tune, tiny suite
+    python run.py method=ntk_dynamic model=llama2_7b --cfg job     # print the composed config
+    python run.py -m method=base,pi train=none      # a sweep (Slurm: hydra/launcher=slurm_a100)
+
+Table of contents: start the row -> load the model and apply the method -> fine-tune if the train config says so
+-> run every evaluator of the suite -> finish the row. A failure anywhere finishes the row as ``failed`` with a
+one-line error and exits non-zero; whatever was already measured stays in the row.
+"""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from harness import conf_utils, pipeline, report, tracking
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    tracker = tracking.start(cfg, row)
+    try:
+        handle, method = pipeline.load_and_extend(cfg)                            # 1. model + method
+        row["train_info"] = pipeline.finetune(cfg, handle, method, row,           # 2. fine-tune (or frozen)
+                                              progress=report.TrainProgress())
+        row["method_params"] = method.params()
+        pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log)        # 3. every evaluator
+        pipeline.finish(cfg, row)                                                 # 4. the row
+    except Exception as e:  # noqa: BLE001 - every failure becomes a failed row + one line
+        pipeline.finish(cfg, row, error=e)
+        report.console.print(f"[red]run failed:[/red] {row['error']}")
+        tracker.finish(row)
+        sys.exit(1)
+    tracker.finish(row)
+    report.console.print(report.summary(row))
+    report.console.print(f"row: {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+
+
+if __name__ == "__main__":
+    conf_utils.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
+    main()

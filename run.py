@@ -23,15 +23,16 @@ def main(cfg: DictConfig) -> None:
     row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     tracker = tracking.start(cfg, row)
     try:
-        handle, method = pipeline.load_and_extend(cfg)                            # 1. model + method
-        row["train_info"] = pipeline.finetune(cfg, handle, method, row,           # 2. fine-tune (or frozen)
+        method, train = pipeline.validate(cfg)                                    # 0. every group, fail fast
+        handle = pipeline.load_and_extend(cfg, method)                            # 1. model + method
+        row["train_info"] = pipeline.finetune(cfg, handle, method, train, row,    # 2. fine-tune (or frozen)
                                               progress=report.TrainProgress())
         row["method_params"] = method.params()
         pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log)        # 3. every evaluator
         pipeline.finish(cfg, row)                                                 # 4. the row
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row + one line
         pipeline.finish(cfg, row, error=e)
-        report.console.print(f"[red]run failed:[/red] {row['error']}")
+        print(f"run failed: {row['error']}", file=sys.stderr)
         tracker.finish(row)
         sys.exit(1)
     tracker.finish(row)

@@ -35,18 +35,26 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
     return row
 
 
-def load_and_extend(cfg):
+def validate(cfg):
+    """Check every group before anything expensive happens: method, train recipe and eval suite arguments."""
+    method = build_method(cfg.method)
+    train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
+    train.validate()
+    build_evaluators(OmegaConf.to_container(cfg.eval.suite, resolve=True))
+    return method, train
+
+
+def load_and_extend(cfg, method):
     """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method."""
     handle = build_model(cfg.model)
-    method = build_method(cfg.method)
-    check_checkpoint_method(handle.info.get("path", ""), method) if os.path.isdir(handle.info.get("path", "")) else None
+    path = handle.info.get("path", "")
+    if os.path.isdir(path):
+        check_checkpoint_method(path, method)
     method.apply(handle)
-    return handle, method
+    return handle
 
 
-def finetune(cfg, handle, method, row: dict, progress=None) -> dict | None:
-    a = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
-    a.validate()
+def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dict | None:
     if not a.enabled:
         return None
     fingerprint = results.config_hash({g: OmegaConf.to_container(cfg[g], resolve=True)

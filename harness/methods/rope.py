@@ -20,12 +20,7 @@ def set_rope_parameters(model, **params) -> dict:
     if "partial_rotary_factor" in old:
         new["partial_rotary_factor"] = old["partial_rotary_factor"]
     new.update(params)
-    config.rope_parameters = new
-    if hasattr(config, "rope_scaling"):
-        try:
-            config.rope_scaling = None
-        except Exception:
-            pass
+    config.rope_parameters = new  # (v5: rope_scaling is an alias of rope_parameters; never set it to None)
     rebuild_rotary(model)
     return new
 
@@ -35,7 +30,7 @@ def rebuild_rotary(model) -> None:
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("RotaryEmbedding") and hasattr(child, "inv_freq"):
                 device = child.inv_freq.device
-                new = type(child)(config=model.config, device=device)
+                new = type(child)(config=model.config).to(device)
                 setattr(parent, child_name, new)
 
 
@@ -46,3 +41,222 @@ def rotary_modules(model):
 @torch.no_grad()
 def inv_freq_of(model) -> torch.Tensor:
     return rotary_modules(model)[0].inv_freq.detach().clone()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Additions for the RoPE family (issue 3): registering rope types, length-dependent frequencies, KV-cache refresh.
+# ------------------------------------------------------------------------------------------------------------------
+
+def register_rope_type(name: str, fn, required=("rope_type",), optional=()) -> None:
+    """Register ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)`` as
+    transformers rope type ``name`` (``ROPE_INIT_FUNCTIONS``), plus a key validator on the config mixin so
+    ``validate_rope`` checks our keys like it checks its own. Idempotent."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
+
+    ROPE_INIT_FUNCTIONS[name] = fn
+    req, opt = set(required) | {"rope_type"}, set(optional) | {"rope_theta", "partial_rotary_factor"}
+
+    def _validate(self, rope_parameters, ignore_keys=None):
+        self._check_received_keys(name, set(rope_parameters), set(req), set(opt), ignore_keys=ignore_keys)
+
+    setattr(RotaryEmbeddingConfigMixin, f"_validate_{name}_rope_parameters", _validate)
+
+
+def rope_dims(config) -> tuple[float, int]:
+    """(base, rotary dim d) of a config, partial rotary included."""
+    rp = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return float(rp["rope_theta"]), int(head_dim * rp.get("partial_rotary_factor", 1.0))
+
+
+def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
+    """theta_i = base^(-2i/d), built exactly as transformers builds it (int64 arange -> float)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+
+
+def seq_len_of(position_ids) -> int:
+    return int(position_ids.max()) + 1
+
+
+class LengthDependentRope:
+    """Frequencies as a pure function of the current sequence length ``max(position_ids) + 1`` ("stateless").
+
+    transformers' ``dynamic_rope_update`` is stateful for ``*dynamic*`` types (the base only grows, and resets only
+    below ``max_position_embeddings``), so results would depend on the order in which lengths are evaluated. This
+    pre-forward hook on the rotary module instead recomputes ``inv_freq``/``attention_scaling`` from the registered
+    init function with ``seq_len`` for every call (memoised on the last length). Registered rope types used with it
+    must not contain "dynamic" in their name (so the decorator stays inert)."""
+
+    def __init__(self, module, fn):
+        self.module, self.fn, self.last = module, fn, None
+        self.handle = module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def state(self, seq_len: int, device=None):
+        inv, att = self.fn(self.module.config, device, seq_len=int(seq_len))
+        return inv, float(att)
+
+    def _hook(self, module, args, kwargs):
+        position_ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        if position_ids is None:
+            return
+        n = seq_len_of(position_ids)
+        if n == self.last:
+            return
+        inv, att = self.state(n, module.inv_freq.device)
+        module.inv_freq.copy_(inv.to(module.inv_freq.dtype))
+        module.attention_scaling = att
+        self.last = n
+
+
+def install_length_dependent(model, fn) -> list:
+    """Install :class:`LengthDependentRope` on every rotary module; sets ``module.rope_state(seq_len, device)``."""
+    hooks = []
+    for m in rotary_modules(model):
+        h = LengthDependentRope(m, fn)
+        m.rope_state = h.state
+        hooks.append(h)
+    return hooks
+
+
+@torch.no_grad()
+def rerotate_keys(keys: torch.Tensor, old_inv, old_att: float, new_inv, new_att: float, start: int = 0) -> None:
+    """In place: keys rotated (rotate_half layout, first ``2*len(inv)`` dims) at positions start..start+N-1 with
+    (old_inv, old_att) become keys rotated with (new_inv, new_att). Exact because RoPE rotations compose:
+    R(p*new) = R(p*(new-old)) R(p*old), pair by pair."""
+    d = 2 * old_inv.shape[-1]
+    n = keys.shape[-2]
+    pos = torch.arange(start, start + n, device=keys.device, dtype=torch.float32)
+    delta = pos[:, None] * (new_inv.float().to(keys.device) - old_inv.float().to(keys.device))[None]
+    emb = torch.cat((delta, delta), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    k = keys[..., :d].float()
+    k1, k2 = k[..., : d // 2], k[..., d // 2:]
+    rot = torch.cat((-k2, k1), dim=-1)
+    out = (k * cos + rot * sin) * (new_att / old_att)
+    keys[..., :d] = out.to(keys.dtype)
+
+
+class CacheRefresh:
+    """KV-cache consistency for length-dependent RoPE (dynamic NTK, CLEX, LongRoPE short/long switch).
+
+    transformers caches keys *after* RoPE, so when the frequencies change with the length during decoding, the
+    cached keys keep stale rotations (transformers issue #25104). This pair of hooks on the decoder (``model.model``)
+    records on the cache object the (inv_freq, attention_scaling) its keys were rotated with; when a later call
+    needs different frequencies, every cached key is re-rotated in place (:func:`rerotate_keys`) before the layers
+    run. Result: decoding with the cache equals a full forward over the whole prefix at the new length (tested).
+    Assumes cached keys sit at positions 0..N-1 (one sequence per row, no left padding), which is how the harness
+    evaluators decode. Cost: O(layers x N x d) only on calls whose frequencies differ from the cache's."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.keep_first = 0  # keys at positions < keep_first are never re-rotated (LongRoPE's n_hat start tokens)
+        self.pending = None
+        self.rotary  # noqa: B018 - fail now if there is no length-dependent rotary module
+        self.handles = [decoder.register_forward_pre_hook(self._pre, with_kwargs=True),
+                        decoder.register_forward_hook(self._post, with_kwargs=True)]
+
+    @property
+    def rotary(self):
+        rot = getattr(self.decoder, "rotary_emb", None)
+        if rot is None or not hasattr(rot, "rope_state"):
+            rots = [m for m in rotary_modules(self.decoder) if hasattr(m, "rope_state")]
+            if len(rots) != 1:
+                raise ValueError(f"CacheRefresh needs one length-dependent rotary module, found {len(rots)}")
+            rot = rots[0]
+        return rot
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def _call_len(self, args, kwargs) -> int | None:
+        pos = kwargs.get("position_ids")
+        cache = kwargs.get("past_key_values")
+        if pos is not None:
+            return seq_len_of(pos)
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = args[0] if args else kwargs.get("inputs_embeds")
+        if x is None:
+            return None
+        past = cache.get_seq_length() if cache is not None else 0
+        return past + x.shape[1]
+
+    def _pre(self, module, args, kwargs):
+        if module.training:
+            return
+        n = self._call_len(args, kwargs)
+        if n is None:
+            return
+        rotary = self.rotary
+        inv, att = rotary.rope_state(n, rotary.inv_freq.device)
+        self.pending = (inv.detach().clone(), att)
+        cache = kwargs.get("past_key_values")
+        old = getattr(cache, "_harness_rope", None) if cache is not None else None
+        if old is None or cache.get_seq_length() == 0:
+            return
+        if torch.equal(old[0], inv) and old[1] == att:
+            return
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                k = self.keep_first
+                if k:
+                    rerotate_keys(layer.keys[..., k:, :], old[0], old[1], inv, att, start=k)
+                else:
+                    rerotate_keys(layer.keys, old[0], old[1], inv, att)
+        cache._harness_rope = self.pending
+
+    def _post(self, module, args, kwargs, output):
+        cache = getattr(output, "past_key_values", None)
+        if cache is not None and self.pending is not None:
+            cache._harness_rope = self.pending
+        self.pending = None
+        return output
+
+
+def ntk_by_length_parameters(config, device=None, seq_len=None, layer_type=None):
+    """Rope type ``ntk_by_length``: Fu et al. / LCEG dynamic-NTK rule as a pure function of the length.
+
+    ``b' = b * (s * l / C - (s - 1)) ** (d / (d - 2))`` with ``l = clip(max(seq_len, C), min_len, max_len)``.
+    With min_len = max_len = 0 this is transformers' ``_compute_dynamic_ntk_parameters`` (with C =
+    ``original_max_position_embeddings`` instead of ``config.max_position_embeddings``). ``min_len`` is LCEG's
+    evaluation clamp (``models/llama_ntk_32k``: the base is frozen at the training-length value for shorter inputs,
+    dynamic beyond); ``max_len`` caps the multiplier (the paper's constant 57 for NTK-64K)."""
+    rp = config.rope_parameters
+    base, dim = rope_dims(config)
+    s, c = float(rp["factor"]), int(rp["original_max_position_embeddings"])
+    n = max(int(seq_len) if seq_len is not None else c, c)
+    if rp.get("min_len"):
+        n = max(n, int(rp["min_len"]))
+    if rp.get("max_len"):
+        n = min(n, int(rp["max_len"]))
+    t = s * n / c - (s - 1)
+    return default_inv_freq(base * t ** (dim / (dim - 2)), dim, device), 1.0
+
+
+def ntk_multiplier(s: float, length: int, c: int, min_len: int = 0, max_len: int = 0) -> float:
+    """The NTK multiplier t = s*l/C - (s-1) used by :func:`ntk_by_length_parameters` (for tables and tests)."""
+    n = max(length, c)
+    n = max(n, min_len) if min_len else n
+    n = min(n, max_len) if max_len else n
+    return s * n / c - (s - 1)
+
+
+register_rope_type("ntk_by_length", ntk_by_length_parameters, required=("factor", "original_max_position_embeddings"),
+                   optional=("min_len", "max_len"))
+
+
+KV_CACHE_MODES = ("refresh", "stale")
+
+
+def make_length_dependent(model, fn, kv_cache: str = "refresh"):
+    """Stateless length-dependent frequencies (:class:`LengthDependentRope`) on every rotary module, plus the KV
+    cache semantics: ``refresh`` re-rotates cached keys when the frequencies change (cached decoding == full
+    recompute), ``stale`` keeps transformers' behaviour (keys keep the rotation they were cached with, #25104).
+    Returns the CacheRefresh (or None)."""
+    if kv_cache not in KV_CACHE_MODES:
+        from harness.config import ConfigError
+
+        raise ConfigError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
+    install_length_dependent(model, fn)
+    return CacheRefresh(model.get_decoder()) if kv_cache == "refresh" else None

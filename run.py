@@ -15,11 +15,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness import conf_utils, pipeline, report, tracking
+from harness import conf_utils, pipeline, report, shards, tracking
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
+        return _sharded(cfg)
     row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     tracker = tracking.start(cfg, row)
     try:
@@ -34,10 +36,30 @@ def main(cfg: DictConfig) -> None:
         pipeline.finish(cfg, row, error=e)
         print(f"run failed: {row['error']}", file=sys.stderr)
         tracker.finish(row)
-        sys.exit(1)
+        _exit_failed(row["error"])
     tracker.finish(row)
     report.console.print(report.summary(row))
     report.console.print(f"row: {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+
+
+def _sharded(cfg: DictConfig) -> None:
+    try:
+        row = shards.run(cfg, log=report.console.print)
+    except Exception as e:  # noqa: BLE001
+        print(f"run failed: {pipeline.one_line(e)}", file=sys.stderr)
+        _exit_failed(pipeline.one_line(e))
+    report.console.print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+
+
+def _exit_failed(message: str) -> None:
+    """Exit non-zero; inside a multirun, raise instead, so the launcher records this job as failed and the sweep's
+    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise RuntimeError(message)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ GROUPS = ("model", "method", "data", "train", "eval")
 
 def start(cfg, run_dir: str | Path | None = None) -> dict:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    run_id = results.new_run_id()
+    # a job requeued by Slurm (preemption, timeout) restarts in its run directory: keep its run_id, so its row is
+    # rewritten rather than duplicated (training resumes from the checkpoint keyed by the config fingerprint)
+    previous = Path(run_dir, "run.json") if run_dir else None
+    run_id = json.loads(previous.read_text())["run_id"] if previous and previous.is_file() else results.new_run_id()
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}

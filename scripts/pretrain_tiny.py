@@ -68,7 +68,7 @@ def train_tokenizer(texts, vocab_size: int, out: Path):
     return fast
 
 
-def build_sequences(tok, n_seq: int, seed: int) -> np.ndarray:
+def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45) -> np.ndarray:
     rng = random.Random(seed)
     plays = [d.text for d in sources.shakespeare("train")]
     code = [d.text for d in sources.python_stdlib("train")]
@@ -85,7 +85,7 @@ def build_sequences(tok, n_seq: int, seed: int) -> np.ndarray:
         ids: list[int] = []
         while len(ids) < SEQ:
             remaining = SEQ - len(ids)
-            if remaining < 24 or rng.random() < 0.45:
+            if remaining < 24 or rng.random() < natural_share:
                 text = rng.choices(natural, weights)[0]
                 n = remaining if rng.random() < 0.5 else rng.randint(min(24, remaining), remaining)
                 start = rng.randrange(max(1, len(text) - 6 * n))
@@ -105,6 +105,30 @@ def build_sequences(tok, n_seq: int, seed: int) -> np.ndarray:
     return out
 
 
+def copy_pool(tok) -> torch.Tensor:
+    """Token ids of digits and common short words: the alphabet of the induction warm-up."""
+    from harness.data.synthetic import ADJS, NOUNS, VERBS
+
+    ids = {tok.convert_tokens_to_ids(str(d)) for d in range(10)}
+    for w in NOUNS + ADJS + VERBS + ["is", "the", "a", "of", "and", "to", "key", "code", "value"]:
+        ids.update(tok(" " + w, add_special_tokens=False).input_ids[:1])
+    return torch.tensor(sorted(i for i in ids if i is not None and i > 4))
+
+
+def copy_batch(batch: int, pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Induction-head warm-up: each sequence is a random span (16-48 tokens over a 64-token subset of ``pool``)
+    repeated to fill the window. Measured here: from scratch, the copy circuit forms in ~100 steps on such data
+    (loss on repeats 8.3 -> 0.01), while on the varied documents alone it did not form in 2,600 steps, nor on spans
+    over random 64-token subsets of the whole vocabulary. No evaluation text is involved."""
+    rows = []
+    for _ in range(batch):
+        alphabet = pool[torch.randperm(len(pool), generator=gen)[:64]]
+        n = int(torch.randint(16, 49, (1,), generator=gen))
+        span = alphabet[torch.randint(0, len(alphabet), (n,), generator=gen)]
+        rows.append(span.repeat(SEQ // n + 1)[:SEQ])
+    return torch.stack(rows)
+
+
 def pretrain(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -112,21 +136,32 @@ def pretrain(args):
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     rng = random.Random(args.seed)
-    corpus = [d.text for d in sources.shakespeare("train")] + [d.text for d in sources.python_stdlib("train")]
-    filler = FillerFactory(corpus[:20] + corpus[-20:], args.seed)
-    synth = [synthetic_document(rng, filler, rng.randint(30, 250)) for _ in range(20000)]
-    tok = train_tokenizer(corpus + synth, args.vocab, out)
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    if args.init_from:  # continue pretraining (stage 2): same tokenizer, weights from the previous stage
+        tok = AutoTokenizer.from_pretrained(args.init_from)
+        tok.save_pretrained(out)
+        model = LlamaForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+        previous = json.loads((Path(args.init_from) / "pretrain_stats.json").read_text())
+    else:
+        corpus = [d.text for d in sources.shakespeare("train")] + [d.text for d in sources.python_stdlib("train")]
+        filler = FillerFactory(corpus[:20] + corpus[-20:], args.seed)
+        synth = [synthetic_document(rng, filler, rng.randint(30, 250)) for _ in range(20000)]
+        tok = train_tokenizer(corpus + synth, args.vocab, out)
+        config = tiny_config(vocab_size=len(tok), rope_theta=args.rope_theta, bos=tok.bos_token_id,
+                             eos=tok.eos_token_id, pad=tok.pad_token_id)
+        model = LlamaForCausalLM(config)
+        previous = None
     print(f"tokenizer: {len(tok)} tokens ({time.time() - t0:.0f}s)", flush=True)
 
+    if args.kind_weights:  # e.g. "repeat=0.45,retrieval=0.25,kv=0.2,recall=0.1" (copy-heavy curriculum stage)
+        from harness.data.synthetic import set_kind_weights
+
+        set_kind_weights(**{k: float(v) for k, v in (kv.split("=") for kv in args.kind_weights.split(","))})
     n_seq = args.steps * args.batch
-    data = build_sequences(tok, n_seq, args.seed)
+    data = build_sequences(tok, n_seq, args.seed + len((previous or {}).get("stages") or ([1] if previous else [])),
+                           args.natural_share)
     print(f"data: {n_seq} x {SEQ} tokens ({time.time() - t0:.0f}s)", flush=True)
-
-    from transformers import LlamaForCausalLM
-
-    config = tiny_config(vocab_size=len(tok), rope_theta=args.rope_theta, bos=tok.bos_token_id,
-                         eos=tok.eos_token_id, pad=tok.pad_token_id)
-    model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def lr_at(step):
@@ -138,8 +173,12 @@ def pretrain(args):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     losses = []
+    copy_gen = torch.Generator().manual_seed(args.seed)
+    pool = copy_pool(tok)
     for step in range(args.steps):
         batch = torch.from_numpy(data[step * args.batch : (step + 1) * args.batch].astype(np.int64))
+        if step < args.copy_warmup:
+            batch = copy_batch(args.batch, pool, copy_gen)
         with autocast(torch.device("cpu"), "auto"):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -154,11 +193,18 @@ def pretrain(args):
                   flush=True)
     model.save_pretrained(out, safe_serialization=True)
     stats = {
+        "stages": (previous.get("stages") or [previous]) + [None] if previous else [None],
+        "natural_share": args.natural_share, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
         "steps": args.steps, "batch": args.batch, "seq_len": SEQ, "tokens": args.steps * args.batch * SEQ,
         "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "rope_theta": args.rope_theta,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
         "params": sum(p.numel() for p in model.parameters()),
     }
+    stats["stages"][-1] = {k: v for k, v in stats.items() if k != "stages"}
+    if previous:  # totals over all stages
+        stats["steps"] = sum(s["steps"] for s in stats["stages"])
+        stats["tokens"] = sum(s["tokens"] for s in stats["stages"])
+        stats["wall_seconds"] = sum(s["wall_seconds"] for s in stats["stages"])
     (out / "pretrain_stats.json").write_text(json.dumps(stats, indent=2))
     return stats
 
@@ -193,6 +239,9 @@ def write_card(out: Path, gate_res: dict):
         f"| pretraining | {stats['steps']} steps x {stats['batch']} x {stats['seq_len']} = {stats['tokens']:,} tokens, "
         f"AdamW lr {stats['lr']}, warm-up {stats['warmup']}, cosine to 10%, autocast (bf16 where the CPU has it, else fp32), seed {stats['seed']} |",
         f"| final training loss | {stats['final_loss']:.3f} |",
+        *[f"| stage {i + 1} | {st['steps']} steps x {st['batch']} x {st['seq_len']}, lr {st['lr']}, natural-text share "
+          f"{st.get('natural_share', 0.45)}, synthetic kinds {st.get('kind_weights', 'default')}, final loss "
+          f"{st['final_loss']:.3f}, {st['wall_seconds']} s |" for i, st in enumerate(stats.get("stages") or [])],
         f"| wall time | {stats['wall_seconds']} s on 2 CPU cores |",
         "| data | ~45% natural text (train split: Shakespeare plays, CPython stdlib), ~55% synthetic retrieval "
         "documents with varied wording/separators/fillers; no evaluation template verbatim |",
@@ -222,6 +271,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gate-samples", type=int, default=50)
     ap.add_argument("--gate-only", action="store_true")
+    ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")
+    ap.add_argument("--copy-warmup", type=int, default=0, help="first N steps on repeated random spans (induction)")
+    ap.add_argument("--init-from", default="", help="continue pretraining from this model dir (stage 2)")
+    ap.add_argument("--natural-share", type=float, default=0.45, help="share of sequences' documents that are natural text")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not args.gate_only:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,19 +35,25 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.ndarray:
-    """Load the chunk array for this (args, tokenizer, seq_len, n_tokens) from cache, or ``build()`` and store it."""
+    """Load the chunk array for this (args, tokenizer, seq_len, n_tokens) from cache, or ``build()`` and store it.
+
+    ``build`` returns the array, or ``(array, stats)``: the stats (mixture provenance) go to the ``.json`` beside
+    the ``.npy`` with the cache key. Writes are atomic (temporary file + rename), so concurrent readers (the ranks
+    of a distributed run) only ever see a complete cache file."""
     key = json.dumps({"args": asdict(args), "tok": tokenizer_fingerprint(tokenizer), "L": seq_len, "N": n_tokens},
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = Path(args.cache_dir) / f"{args.name}-{seq_len}-{digest}.npy"
     if path.exists():
         return np.load(path, mmap_mode="r")
-    arr = build()
+    out = build()
+    arr, stats = out if isinstance(out, tuple) else (out, None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, arr)
+    (path.with_suffix(".json")).write_text(json.dumps({"key": json.loads(key), "shape": list(arr.shape),
+                                                       "dtype": str(arr.dtype), "stats": stats}, indent=1))
     tmp.replace(path)
-    (path.with_suffix(".json")).write_text(key)
     return np.load(path, mmap_mode="r")
 
 

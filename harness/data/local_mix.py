@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from harness.data import DATA, DataArgs, cached_chunks
-from harness.data.mixture import pack, sample_mixture
+from harness.data.mixture import mixture_stats, pack, sample_mixture
 from harness.data.sources import load_source
 from harness.data.synthetic import FillerFactory, synthetic_document
 
@@ -25,9 +25,11 @@ class LocalMix:
     @dataclass
     class Args(DataArgs):
         name: str = "local_mix"
-        shares: dict = field(default_factory=_default_shares)  # token share per source
+        # token share per source; empty = _default_shares(). (A non-empty dataclass default would be *merged* with
+        # the YAML's dict by harness.config.to_args, silently adding sources.)
+        shares: dict = field(default_factory=dict)
         long_threshold: int = 0  # 0 = the training length
-        upsample: float = 4.0  # sampling weight of long documents relative to short ones, within a source
+        upsample: float = 4.0  # short documents are kept with probability 1/upsample, long ones always (Fu et al.)
         doc_tokens: int = 4096  # natural texts are cut into documents of at most this many tokens
         synthetic_docs: int = 600
 
@@ -61,9 +63,15 @@ class LocalMix:
 
     @staticmethod
     def build(a: "LocalMix.Args", tokenizer, seq_len: int, n_tokens: int):
+        if not a.shares:
+            a.shares = _default_shares()
         def make():
             docs = LocalMix.documents(a, tokenizer, seq_len)
-            picks = sample_mixture(docs, a.shares, n_tokens, a.long_threshold or seq_len, a.upsample, a.seed)
-            return pack(docs, picks, seq_len, n_tokens, tokenizer.bos_token_id, tokenizer.eos_token_id)
+            n = (n_tokens // seq_len) * seq_len  # exactly the packed size: realised shares = targets
+            threshold = a.long_threshold or seq_len
+            overhead = (tokenizer.bos_token_id is not None) + (tokenizer.eos_token_id is not None)
+            picks = sample_mixture(docs, a.shares, n, threshold, a.upsample, a.seed, overhead)
+            arr = pack(docs, picks, seq_len, n, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            return arr, mixture_stats(docs, picks, a.shares, threshold, overhead)
 
         return cached_chunks(a, tokenizer, seq_len, n_tokens, make)

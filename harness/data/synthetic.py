@@ -143,10 +143,11 @@ def _kv(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     line_fmt = rng.choice(["{a}: {b}", "{a} = {b}", "key {a} value {b}", "\"{a}\": \"{b}\"", "{a} -> {b}"])
     sep = rng.choice(SEPARATORS)
     lines = [line_fmt.format(a=a, b=b) for a, b in zip(keys, vals)]
-    i = rng.randrange(n)
-    q = rng.choice(["What is the value of {a}?", "Look up {a}:", "{a} ->", "The value for {a} is", "Query {a}. Answer:"])
-    q = q.format(a=keys[i])
-    room = budget - count(sep.join(lines + [q])) - count(vals[i]) - 2
+    qfmt = rng.choice(["What is the value of {a}? {b}", "Look up {a}: {b}", "{a} -> {b}", "The value for {a} is {b}",
+                       "Query {a}. Answer: {b}"])
+    asked = rng.sample(range(n), rng.randint(1, min(4, n)))  # several queries: more copy targets per document
+    q = sep.join(qfmt.format(a=keys[i], b=vals[i]) for i in asked)
+    room = budget - count(sep.join(lines + [q])) - 2
     body = list(lines)
     if room > 20:
         extra, used = [], 0
@@ -158,7 +159,7 @@ def _kv(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
             used += c
         for p in extra:  # interleave filler between the pairs
             body.insert(rng.randint(0, len(body)), p)
-    return sep.join(body + [q]) + " " + vals[i]
+    return sep.join(body + [q])
 
 
 def _recall(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
@@ -179,8 +180,42 @@ def _recall(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     return sep.join([first] + body + [last]) + " " + word
 
 
-KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall}
-KIND_WEIGHTS = {"retrieval": 0.65, "kv": 0.25, "recall": 0.10}
+def _repeat(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """A span of text (or random numbers / words) and then the same span again: the classic induction-head signal
+    (every token of the second copy is predictable only by copying)."""
+    kind = rng.random()
+    if kind < 0.4:
+        span = " ".join(str(rng.randint(0, 10 ** rng.randint(1, 6))) for _ in range(rng.randint(3, 30)))
+    elif kind < 0.7:
+        span = " ".join(rng.choice(NOUNS + ADJS + VERBS) for _ in range(rng.randint(3, 30)))
+    else:
+        span = " ".join(filler.pieces(rng, rng.randint(1, 4)))
+    ids_budget = max(8, (budget - 6) // 2)
+    while count(span) > ids_budget and len(span) > 8:
+        span = span[: len(span) * 3 // 4]
+    sep = rng.choice(["\n", " ", " || ", "\nAgain: ", "\nRepeat:\n", ". "])
+    gap = []
+    room = budget - 2 * count(span) - 4
+    if room > 10 and rng.random() < 0.5:
+        used = 0
+        for p in filler.pieces(rng, 100):
+            c = count(p) + 1
+            if used + c > room:
+                break
+            gap.append(p)
+            used += c
+    reps = rng.choice([1, 1, 2, 3])  # several repetitions: most tokens after the first copy are copy targets
+    return span + sep + (" ".join(gap) + sep if gap else "") + sep.join([span] * reps)
+
+
+KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat}
+KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}
+
+
+def set_kind_weights(**weights: float) -> None:
+    """Change the mixture of document kinds (the pretraining curriculum's copy-heavy stage uses this)."""
+    KIND_WEIGHTS.clear()
+    KIND_WEIGHTS.update(weights)
 
 
 def contains_eval_template(text: str) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
-from harness.evals.common import greedy_generate
+from harness.evals.common import PrefixCache, greedy_generate
 from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
 
 STEP = 128  # characters of garbage added per step (YaRN eval/passkey.py)
@@ -64,13 +64,17 @@ def score(continuation: str, pass_key: int) -> bool:
 
 
 def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
-                dtype: str = "auto") -> list[dict]:
+                dtype: str = "auto", reuse_prefix: bool = True) -> list[dict]:
+    """Consecutive prompts share the task line and the garbage up to the earlier needle: with ``reuse_prefix`` that
+    head is not re-encoded (``PrefixCache``; same greedy tokens as ``greedy_generate``)."""
     rng = random.Random(f"passkey-{seed}-{length}")
+    runner = PrefixCache(model, dtype) if reuse_prefix else None
     records = []
     for i in range(n_samples):
         s = make_sample(tokenizer, length, rng, gen_tokens)
         ids = tokenizer(s["prompt"], return_tensors="pt").input_ids
-        new = greedy_generate(model, ids, gen_tokens, dtype=dtype)
+        new = runner.generate(ids[0].tolist(), gen_tokens) if runner else \
+            greedy_generate(model, ids, gen_tokens, dtype=dtype)
         text = tokenizer.decode(new, skip_special_tokens=True)
         records.append({"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
                         "prompt_tokens": ids.shape[1], "prediction": text, "correct": score(text, s["pass_key"])})
@@ -90,6 +94,7 @@ class Passkey:
         samples: int = 20  # prompts per length (original: 50; YaRN: 20)
         gen_tokens: int = 8
         depth_bins: int = 5
+        reuse_prefix: bool = True  # reuse the KV cache of the prompts' common head
 
     def __init__(self, args):
         self.args = args
@@ -99,7 +104,8 @@ class Passkey:
         lengths, skipped = split_lengths(a.lengths, handle, method)
         acc, by_depth = {}, {}
         for L in lengths:
-            recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast)
+            recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast,
+                               a.reuse_prefix)
             write_jsonl(ctx.samples_path("passkey"), recs)
             acc[str(L)] = sum(r["correct"] for r in recs) / len(recs)
             bins = [[] for _ in range(a.depth_bins)]

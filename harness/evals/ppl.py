@@ -10,7 +10,9 @@ per-window mean NLL), as in the original.
 ``eval_perplexity``): the first ``samples`` documents (LCEG: 10) concatenated into one stream with BOS at each
 document start, windows of L tokens starting every ``stride`` tokens (the last start dropped: ``all_ix.pop()``),
 every window scored in full (L-1 predictions), PPL = e^(mean window loss). The numbers of the two protocols are not
-comparable. ``max_windows > 0`` scores an evenly spaced subset of the windows (CPU budget); the row records how
+comparable. ``dataset: bin:<path>`` reads LongLoRA's pre-tokenised ``.bin`` files (PG19 ``test.bin``, Proof-pile
+``test_sampled_data.bin``, LLaMA tokenizer) and keeps LCEG's first ``samples`` documents (BOS-delimited); it is only
+meaningful with the LLaMA tokenizer. ``max_windows > 0`` scores an evenly spaced subset of the windows (CPU budget); the row records how
 many windows were scored out of how many.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from harness.data.sources import load_source, local_directory
-from harness.evals import EVALS, EvalArgs, split_lengths
+from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
 from harness.evals.common import token_nll
 
 
@@ -30,6 +32,15 @@ def load_documents(dataset: str, split: str):
     if dataset.startswith("dir:"):
         return local_directory(dataset[4:])
     return load_source(dataset, split)
+
+
+def load_token_stream(path: str, samples: int) -> list[np.ndarray]:
+    """LongLoRA/LCEG ``.bin`` data (``np.memmap(path, dtype=np.uint16)``, LLaMA token ids, documents concatenated,
+    each starting with the token ``data[0]`` = BOS). Returns the first ``samples`` documents, each starting with its
+    BOS, exactly the slice LCEG keeps: ``data[:np.flatnonzero(data == data[0])[samples]]``."""
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    starts = list(np.flatnonzero(data == data[0])) + [len(data)]
+    return [np.asarray(data[starts[i] : starts[i + 1]], dtype=np.int64) for i in range(min(samples, len(starts) - 1))]
 
 
 def yarn_windows(n_tokens: int, L: int, stride: int, truncate: bool, add_bos: bool):
@@ -66,7 +77,7 @@ class Perplexity:
     @dataclass
     class Args(EvalArgs):
         name: str = "ppl"
-        dataset: str = "shakespeare"  # a text source name, or dir:<path> of .txt files (PG19 / Proof-pile)
+        dataset: str = "shakespeare"  # a text source, dir:<path> of .txt files, or bin:<path> (LongLoRA .bin tokens)
         split: str = "test"
         protocol: str = "yarn"  # yarn | longlora
         samples: int = 10  # documents
@@ -85,6 +96,13 @@ class Perplexity:
 
     def documents(self, tokenizer, min_tokens: int) -> tuple[list[list[int]], int]:
         docs, short = [], 0
+        if self.args.dataset.startswith("bin:"):  # pre-tokenised stream: drop each document's leading BOS
+            for d in load_token_stream(self.args.dataset[4:], self.args.samples):
+                if len(d) - 1 >= min_tokens:
+                    docs.append(d[1:].tolist())
+                else:
+                    short += 1
+            return docs, short
         for d in load_documents(self.args.dataset, self.args.split):
             ids = tokenizer(d.text, add_special_tokens=False).input_ids
             if len(ids) >= min_tokens:
@@ -104,6 +122,7 @@ class Perplexity:
         bos = tok.bos_token_id
         res, scored = {}, {}
         for L in lengths:
+            recs: list[dict] = []
             if a.protocol == "yarn":
                 nlls, n = [], 0
                 for d in docs:
@@ -112,6 +131,7 @@ class Perplexity:
                         nll = token_nll(model, ids, a.chunk, ctx.autocast)[0, -trg:]
                         nlls.append(nll.mean().item())
                         n += trg
+                        recs.append({"dataset": a.dataset, "length": L, "begin": b, "end": e, "scored": trg, "nll": round(nlls[-1], 6)})
                 res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
                 scored[str(L)] = {"tokens": n, "windows": len(nlls)}
             else:
@@ -122,7 +142,10 @@ class Perplexity:
                 use = subsample(starts, a.max_windows)
                 losses = [token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk, ctx.autocast).mean().item()
                           for i in use]
+                recs += [{"dataset": a.dataset, "length": L, "begin": i, "end": i + L, "scored": L - 1, "nll": round(x, 6)}
+                         for i, x in zip(use, losses)]
                 res[str(L)] = 2.71828 ** float(np.mean(losses)) if losses else None
                 scored[str(L)] = {"tokens": len(use) * (L - 1), "windows": len(use), "windows_total": len(starts)}
+            write_jsonl(ctx.samples_path(f"ppl_{a.protocol}"), recs)
         return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": len(docs),
                 "documents_too_short": short, "scored": scored, "skipped": skipped}

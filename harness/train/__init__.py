@@ -34,6 +34,8 @@ class TrainArgs:
     grad_checkpointing: bool = False
     zero_stage: int = 3  # deepspeed engine
     offload: bool = False  # deepspeed: offload optimizer + params to CPU
+    optimizer: str = "auto"  # deepspeed: auto (DeepSpeed AdamW on GPU / with offload, else torch AdamW) | torch | deepspeed
+    doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
     save_every: int = 50  # steps between resumable checkpoints (0 = only at the end)
     max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
     log_every: int = 5
@@ -60,4 +62,8 @@ class TrainArgs:
                               f"{self.global_batch} x {self.seq_len}")
         if self.engine not in ("single", "deepspeed"):
             raise ConfigError(f"train={self.name}: unknown engine {self.engine!r} (single | deepspeed)")
+        if self.engine == "deepspeed" and self.optimizer not in ("auto", "torch", "deepspeed"):
+            raise ConfigError(f"train={self.name}: unknown optimizer {self.optimizer!r} (auto | torch | deepspeed)")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train={self.name}: ema_decay must be in [0, 1), got {self.ema_decay}")
         self.accumulation()

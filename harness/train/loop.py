@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model, save_model
 
 from harness.train import TrainArgs
 from harness.train.ema import EMA
-from harness.train.step import lr_lambda, micro_step
+from harness.train.step import add_document_positions, lr_lambda, micro_step
 
 
 def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: int, rank: int = 0, world: int = 1):
@@ -50,8 +50,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerpri
     tmp = ckpt_dir / f".tmp-step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, tmp / "model.safetensors")
+    save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "ema": ema.state_dict() if ema else None, "rng": _rng_state()}, tmp / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint, **info}))
@@ -93,24 +92,28 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     ema = EMA(model, a.ema_decay) if a.ema else None
     accumulation = a.accumulation()
     start, resumed_from = 0, None
+    losses: list[float] = []
     last = latest_checkpoint(ckpt_dir, fingerprint)
     if last is not None:
-        model.load_state_dict(load_file(last / "model.safetensors"), strict=True)
+        load_model(model, str(last / "model.safetensors"), strict=True)
         st = torch.load(last / "state.pt", weights_only=False)
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         if ema and st["ema"]:
             ema.load_state_dict(st["ema"])
         _set_rng_state(st["rng"])
-        start = json.loads((last / "meta.json").read_text())["step"]
-        resumed_from = start
-    losses: list[float] = []
+        meta = json.loads((last / "meta.json").read_text())
+        start = resumed_from = meta["step"]
+        losses = list(meta.get("losses", []))
+    bos = handle.tokenizer.bos_token_id if handle.tokenizer is not None else None
     t0 = time.time()
     tokens_per_step = a.global_batch * a.seq_len
     for step in range(start, total):
         loss = 0.0
         for ids in batches_for_step(chunks, step, accumulation, a.micro_batch):
             batch = method.train_batch(ids)
+            if a.doc_masking and bos is not None:
+                batch = add_document_positions(batch, bos)
             loss += micro_step(model, batch, accumulation, a.autocast) / accumulation
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
@@ -123,7 +126,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         if progress:
             progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0))
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
-            save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1)})
+            save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1), "losses": losses})
     wall = time.time() - t0
     if ema:
         ema.copy_to(model)
@@ -135,7 +138,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         "effective_global_batch": a.micro_batch * accumulation * 1, "micro_batch": a.micro_batch,
         "grad_accumulation": accumulation, "world_size": 1, "lr": a.lr, "schedule": a.schedule,
         "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay, "ema": a.ema,
-        "ema_decay": a.ema_decay if a.ema else None, "loss_first": losses[0] if losses else None,
+        "ema_decay": a.ema_decay if a.ema else None, "doc_masking": a.doc_masking,
+        "grad_checkpointing": a.grad_checkpointing, "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None, "losses": [round(x, 4) for x in losses],
-        "train_seconds": round(wall, 2), "tokens_per_second": round(tokens_per_step * len(losses) / max(wall, 1e-9), 1),
+        "train_seconds": round(wall, 2), "tokens_per_second": round(tokens_per_step * (total - start) / max(wall, 1e-9), 1),
     }

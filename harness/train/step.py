@@ -39,3 +39,27 @@ def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None)
     scaled = loss / accumulation
     (backward or torch.Tensor.backward)(scaled)
     return value
+
+
+def document_position_ids(input_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Position ids that restart at 0 at every BOS token (each packed document starts at position 0).
+
+    Given such ``position_ids`` and no ``attention_mask``, transformers (>= 4.54, ``masking_utils.
+    find_packed_sequence_indices``) also makes the causal mask block-diagonal, so attention never crosses a
+    document boundary (sdpa/eager/flex; flash-attention uses the same position ids as varlen boundaries)."""
+    L = input_ids.shape[-1]
+    ar = torch.arange(L, device=input_ids.device).expand_as(input_ids)
+    is_start = input_ids == bos_id
+    is_start[..., 0] = True  # a chunk that starts inside a document: its first token is position 0
+    start_at = torch.where(is_start, ar, torch.zeros_like(ar)).cummax(dim=-1).values
+    return ar - start_at
+
+
+def add_document_positions(batch: dict, bos_id: int) -> dict:
+    """Add document-restarting ``position_ids`` to a training batch (LongRoPE2-style mixed windows need them).
+
+    ``use_cache=False`` matters: transformers only derives the packed (block-diagonal) mask when no KV cache
+    object exists, and a model with ``config.use_cache`` creates one even in training."""
+    if "position_ids" in batch:
+        return batch
+    return {**batch, "position_ids": document_position_ids(batch["input_ids"], bos_id), "use_cache": False}

@@ -1,0 +1,114 @@
+"""Approximate-attention methods: peak memory and time of one decoder forward at 16C (tiny_llama: 4096 tokens)
+versus the ``base`` method's sdpa forward at the same length (issue 4: Self-Extend and LM-Infinite must stay within
+1.5x of base, i.e. no dense [L x L] score/mask per head).
+
+Each measurement runs in a fresh subprocess: load the model, apply the method, warm up at C, then record the resident
+set size (RSS) right before the 16C forward and its peak during it (a sampling thread reading /proc/self/statm every
+~0.2 ms, plus ``ru_maxrss``). The reported number is the peak increase over the pre-forward RSS, i.e. the memory the
+forward itself needs (weights excluded). Falls back to a random model of tiny_llama's shape when the shipped weights
+are absent.
+
+    python scripts/bench.py attention
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["base", "self_extend", "lm_infinite", "landmark", "longlora"]
+
+CHILD = r"""
+import gc, json, os, resource, sys, threading, time, ctypes
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+from harness.conf_utils import group_defaults
+from harness.methods import build_method
+from harness.models import ModelHandle
+
+name, mult = {name!r}, {mult}
+try:
+    from harness.models import load_model
+    handle = load_model("tiny_llama")
+    source = "tiny_llama"
+except Exception:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    from harness.models.tiny_llama import tiny_config
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(8192, 10000.0, 1, 2, 3)).eval()
+    model.config._attn_implementation = "sdpa"
+    class Tok:
+        def get_vocab(self): return {{"<landmark>": 4}}
+        def convert_tokens_to_ids(self, t): return 4
+    handle = ModelHandle(model, Tok(), "tiny_llama_random", 256, {{}})
+    source = "random model with tiny_llama's shape"
+method = build_method(group_defaults("method", name))
+method.apply(handle)
+C = handle.native_ctx
+L = mult * C
+dec = handle.model.get_decoder()
+gen = torch.Generator().manual_seed(0)
+ids = torch.randint(10, 1000, (1, L), generator=gen)
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+with torch.no_grad():
+    dec(input_ids=ids[:, :C], use_cache=False)  # warm-up (kernels, lazy init)
+gc.collect()
+try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+except OSError:
+    pass
+before = rss()
+peak = [before]
+stop = [False]
+def sample():
+    while not stop[0]:
+        r = rss()
+        if r > peak[0]:
+            peak[0] = r
+        time.sleep(0.0002)
+t = threading.Thread(target=sample, daemon=True)
+t.start()
+t0 = time.time()
+with torch.no_grad():
+    out = dec(input_ids=ids, use_cache=False).last_hidden_state
+secs = time.time() - t0
+stop[0] = True
+t.join()
+maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"method": name, "length": L, "source": source, "seconds": round(secs, 2),
+                  "rss_before_mb": round(before / 2**20, 1),
+                  "peak_increase_mb": round((peak[0] - before) / 2**20, 1),
+                  "ru_maxrss_increase_mb": round(max(0, maxrss - before) / 2**20, 1),
+                  "finite": bool(torch.isfinite(out).all())}}))
+"""
+
+
+def measure(name: str, mult: int = 16) -> dict:
+    code = CHILD.format(root=str(ROOT), name=name, mult=mult)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600)
+    if p.returncode != 0:
+        return {"method": name, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run() -> dict:
+    rows = {m: measure(m) for m in METHODS}
+    base = rows["base"].get("peak_increase_mb")
+    for m, r in rows.items():
+        if base and "peak_increase_mb" in r:
+            r["peak_vs_base"] = round(r["peak_increase_mb"] / base, 3) if base > 0 else None
+    limit = {m: rows[m].get("peak_vs_base") for m in ("self_extend", "lm_infinite")}
+    return {"length_multiple_of_C": 16, "rows": rows,
+            "within_1.5x_of_base": {m: (v is not None and v <= 1.5) for m, v in limit.items()}}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=1))

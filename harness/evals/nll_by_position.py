@@ -1,0 +1,82 @@
+"""nll_by_position: mean negative log-likelihood per token position (the controlled study's Figure 3: NLL as a
+function of context position, which shows whether a method keeps using context beyond its training window).
+
+Each of the first ``samples`` documents with at least ``length - 1`` tokens is scored as one window
+``[BOS] + doc[:length-1]`` (the YaRN truncated protocol of ``ppl``); position p is the index of the predicted token
+in that window (1 .. length-1). Per-position NLL is averaged over documents, then over ``buckets`` equal-width
+position buckets. ``length: 0`` uses the largest evaluation length the method supports (lengths beyond the method's
+limit are skipped, never run). Never materialises a [length x vocab] logit tensor (``token_nll``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals.common import token_nll
+from harness.evals.ppl import load_documents
+
+
+def bucket_means(nll: np.ndarray, buckets: int) -> tuple[list[int], list[float]]:
+    """nll[i] is the NLL of position i+1. Returns (bucket start positions, mean NLL per bucket)."""
+    n = len(nll)
+    buckets = max(1, min(buckets, n))
+    edges = np.linspace(0, n, buckets + 1).round().astype(int)
+    starts, means = [], []
+    for b, e in zip(edges[:-1], edges[1:]):
+        if e > b:
+            starts.append(int(b) + 1)
+            means.append(round(float(nll[b:e].mean()), 5))
+    return starts, means
+
+
+@EVALS.register("nll_by_position")
+class NLLByPosition:
+    @dataclass
+    class Args(EvalArgs):
+        name: str = "nll_by_position"
+        dataset: str = "shakespeare"  # a text source name, or dir:<path> (PG19 on a cluster)
+        split: str = "test"
+        samples: int = 4  # documents
+        length: int = 0  # 0 = the largest supported evaluation length
+        buckets: int = 32
+        chunk: int = 1024
+
+    def __init__(self, args):
+        self.args = args
+
+    def run(self, handle, method, ctx) -> dict:
+        a = self.args
+        wanted = [a.length] if a.length > 0 else list(a.lengths)
+        ok, skipped = split_lengths(wanted, handle, method)
+        if not ok:
+            return {"positions": [], "nll": [], "length": None, "skipped": skipped}
+        L = max(ok)
+        tok = handle.tokenizer
+        bos = tok.bos_token_id
+        need = L - 1 if bos is not None else L
+        docs, short = [], 0
+        for d in load_documents(a.dataset, a.split):
+            ids = tok(d.text, add_special_tokens=False).input_ids
+            if len(ids) >= need:
+                docs.append(ids[:need])
+            else:
+                short += 1
+            if len(docs) == a.samples:
+                break
+        if not docs:
+            return {"positions": [], "nll": [], "length": L, "skipped": {str(L): "no document is long enough"},
+                    "documents_too_short": short}
+        total = None
+        for d in docs:
+            ids = torch.tensor([([bos] if bos is not None else []) + d])
+            nll = token_nll(handle.model, ids, a.chunk, ctx.autocast)[0].double().cpu().numpy()
+            total = nll if total is None else total + nll
+        mean = total / len(docs)
+        positions, values = bucket_means(mean, a.buckets)
+        write_jsonl(ctx.samples_path("nll_by_position"),
+                    [{"length": L, "positions": positions, "nll": values, "documents": len(docs)}])
+        return {"positions": positions, "nll": values, "length": L, "documents": len(docs),
+                "documents_too_short": short, "dataset": a.dataset, "skipped": skipped}

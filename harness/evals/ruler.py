@@ -1,0 +1,114 @@
+"""ruler: the 13 RULER tasks (Hsieh et al. 2024, NVIDIA/RULER release 4f6507e = LCEG ``ruler/``), per task and
+per length, as in the controlled study's Tables 12-16.
+
+Samples come from our own deterministic offline generator (``harness.evals._ruler_data``; its docstring lists
+what is identical to RULER and what differs). Each sample is ``model_template.format(task_template) +
+answer_prefix`` (``base`` template, as LCEG uses for its base models), decoded greedily with the KV cache for
+``tokens_to_generate`` tokens (RULER's per-task budget, 128/30/120/50/32), and scored with RULER's
+``string_match_all`` (niah*, vt, cwe, fwe) or ``string_match_part`` (qa_1, qa_2) after RULER's postprocessing.
+Scores are 0..100 per task and length; the per-length ``average`` is the unweighted mean over the tasks that ran
+at that length, and ``average_over`` names them. qa_1 / qa_2 need SQuAD v2 dev / HotpotQA dev-distractor JSON
+files (``squad_path`` / ``hotpotqa_path``); without them they are listed in ``skipped_tasks`` and excluded from
+every average (never silently). A task that cannot fit a length (template + minimal haystack + generation budget
+> L, common at the tiny model's 256-token window) is listed in ``skipped`` for that length.
+
+Departures, as flags: ``max_new_tokens`` > 0 caps decoding below ``tokens_to_generate`` (CPU budget; the length
+budget still reserves ``tokens_to_generate``); ``tokens_to_generate`` overrides the per-task budgets (the tiny
+suite uses smaller ones so that more tasks fit its short windows); ``small_threshold`` moves RULER's fixed 4096
+switch between the small and large cwe / repeat-haystack settings; ``essay_increment`` (RULER: 500 words) and
+``vt_icl_length`` (RULER: 500 tokens) scale the length search and the vt example to miniature windows.
+Decoding stops at EOS (RULER's HF wrapper generates the full budget; the scores are substring matches, so this
+only saves time). Consecutive prompts reuse the KV cache of their common prefix (``reuse_prefix``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
+from harness.evals.common import PrefixCache
+
+
+@EVALS.register("ruler")
+class Ruler:
+    @dataclass
+    class Args(EvalArgs):
+        name: str = "ruler"
+        tasks: list = field(default_factory=lambda: list(ALL_TASKS))
+        samples: int = 500  # per task and length (RULER: 500; the paper's numbers use RULER's defaults)
+        seed: int = 42  # RULER's random_seed; the run seed is added
+        model_template: str = "base"  # base | meta-chat | a custom string with {task_template}
+        tokens_to_generate: dict = field(default_factory=dict)  # overrides by task or kind name
+        max_new_tokens: int = 0  # 0 = decode tokens_to_generate
+        small_threshold: int = 4096
+        essay_increment: int = 500
+        vt_icl_length: int = 500
+        essay_dir: str = ""  # Paul Graham essays (*.txt or PaulGrahamEssays.json); else Shakespeare test split
+        squad_path: str = ""  # dev-v2.0.json
+        hotpotqa_path: str = ""  # hotpot_dev_distractor_v1.json
+        remove_newline_tab: bool = False
+        reuse_prefix: bool = True
+
+    def __init__(self, args):
+        from harness.config import ConfigError
+
+        unknown = [t for t in args.tasks if t not in ALL_TASKS]
+        if unknown:
+            raise ConfigError(f"ruler: unknown tasks {unknown}; known: {ALL_TASKS}")
+        self.args = args
+
+    def generator(self, tokenizer, seed: int = 0) -> RulerGenerator:
+        a = self.args
+        return RulerGenerator(tokenizer, seed=a.seed + seed, model_template=a.model_template, essay_dir=a.essay_dir,
+                              squad_path=a.squad_path, hotpotqa_path=a.hotpotqa_path,
+                              tokens_to_generate=a.tokens_to_generate, small_threshold=a.small_threshold,
+                              vt_icl_length=a.vt_icl_length, essay_increment=a.essay_increment,
+                              remove_newline_tab=a.remove_newline_tab)
+
+    def run(self, handle, method, ctx) -> dict:
+        a = self.args
+        lengths, skipped_lengths = split_lengths(a.lengths, handle, method)
+        tok, model = handle.tokenizer, handle.model
+        gen = self.generator(tok, ctx.seed)
+        runner = PrefixCache(model, ctx.autocast, enabled=a.reuse_prefix)
+        stops = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+        skipped_tasks = {t: r for t in a.tasks if (r := gen.unavailable(t))}
+        tasks = [t for t in a.tasks if t not in skipped_tasks]
+        scores: dict = {t: {} for t in tasks}
+        skipped: dict = {}
+        average, average_over = {}, {}
+        t_gen = 0.0
+        for L in lengths:
+            for task in tasks:
+                t0 = time.time()
+                try:
+                    samples = gen.samples(task, L, a.samples)
+                except DoesNotFit as e:
+                    skipped.setdefault(str(L), {})[task] = str(e)
+                    continue
+                finally:
+                    t_gen += time.time() - t0
+                preds, recs = [], []
+                for s in samples:
+                    ids = tok(s["input"]).input_ids
+                    n_new = min(a.max_new_tokens, s["tokens_to_generate"]) if a.max_new_tokens > 0 \
+                        else s["tokens_to_generate"]
+                    out = runner.generate(ids, n_new, stop_ids=stops)
+                    pred = postprocess_pred(tok.decode(out, skip_special_tokens=True))
+                    preds.append(pred)
+                    recs.append({"task": task, "length": L, "index": s["index"], "prompt_tokens": len(ids),
+                                 "budget": s["length"], "outputs": s["outputs"], "pred": pred})
+                refs = [s["outputs"] for s in samples]
+                scores[task][str(L)] = METRICS[METRIC[task]](preds, refs)
+                for r, p, ref in zip(recs, preds, refs):
+                    r["score"] = METRICS[METRIC[task]]([p], [ref])
+                write_jsonl(ctx.samples_path("ruler"), recs)
+            ran = [t for t in tasks if str(L) in scores[t]]
+            average_over[str(L)] = ran
+            average[str(L)] = round(sum(scores[t][str(L)] for t in ran) / len(ran), 2) if ran else None
+        return {"average": average, "tasks": scores, "average_over": average_over, "skipped_tasks": skipped_tasks,
+                "skipped": {**skipped_lengths, **skipped}, "samples_per_task": a.samples,
+                "metric": {t: METRIC[t] for t in tasks}, "haystack": gen._haystack.source if gen._haystack else None,
+                "generation_seconds": round(t_gen, 2), "tokens_reused": runner.tokens_reused,
+                "tokens_encoded": runner.tokens_encoded}

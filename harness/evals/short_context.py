@@ -1,0 +1,254 @@
+"""short_context: retention of short-context ability, through lm-evaluation-harness (0.4.x) with the in-memory model.
+
+The cluster configuration is LongRoPE's Table 8 (= the Open LLM Leaderboard v1 set YaRN runs in
+``eval-harness.sh``): ARC-Challenge 25-shot (acc_norm), HellaSwag 10-shot (acc_norm), MMLU 5-shot (acc,
+sample-weighted over subjects like lm-eval's ``mmlu`` group), TruthfulQA mc2 0-shot. The task definitions follow
+lm-eval's own YAMLs (``arc_easy.yaml``/``arc_challenge.yaml``, ``hellaswag.yaml`` + ``utils.process_docs``,
+``mmlu/default/_default_template_yaml`` with per-subject few-shot from ``dev`` via ``first_n``,
+``truthfulqa_mc2.yaml`` with the fixed 6-QA prompt) but read local JSONL files: at run time this evaluator writes one
+task YAML per task (``dataset_path: json`` + ``dataset_kwargs: {data_files: ...}``) into
+``<run_dir>/short_context_tasks/`` and loads them with ``TaskManager(include_path=..., include_defaults=False)``,
+so nothing touches the network (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1`` are set).
+
+Data directory layout (the shipped fixtures, written for this project, and ``scripts/prepare_eval_data.py``'s
+output on a cluster share it): ``arc_challenge/{train,test}.jsonl`` (fields id, question, choices{text,label},
+answerKey), ``hellaswag/{train,validation}.jsonl`` (activity_label, ctx_a, ctx_b, endings, label),
+``mmlu/{dev,test}.jsonl`` (question, subject, choices, answer), ``truthfulqa/validation.jsonl`` (question,
+mc1_targets, mc2_targets).
+
+Evaluator contract: lm-eval's ``HFLM`` is subclassed so that its one model call (``_model_call``) computes
+``get_output_embeddings()(get_decoder()(input_ids).last_hidden_state)``, i.e. the same two entry points every
+other evaluator uses (methods that act through the decoder work unchanged). Inputs are short, so the full logits of
+a batch are fine here.
+
+Scores are reported 0..100; ``average`` is the plain mean of the task scores. Per-sample log-likelihoods go to
+``samples/short_context.jsonl``; ``resume: true`` skips tasks whose summary is already in that file (or in
+``resume_from``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.config import ConfigError
+from harness.evals import EVALS, EvalArgs, write_jsonl
+
+FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "short_context"
+# LongRoPE Table 8 / Open LLM Leaderboard v1 shots and metrics.
+DEFAULT_FEWSHOT = {"arc_challenge": 25, "hellaswag": 10, "mmlu": 5, "truthfulqa_mc2": 0}
+METRIC = {"arc_challenge": "acc_norm", "hellaswag": "acc_norm", "mmlu": "acc", "truthfulqa_mc2": "acc"}
+# lm-eval truthfulqa_mc1.yaml's fixed QA primer (Lin et al. 2021), verbatim.
+TQA_PRIMER = (
+    "Q: What is human life expectancy in the United States?\n"
+    "A: Human life expectancy in the United States is 78 years.\n\n"
+    "Q: Who was president of the United States in 1955?\n"
+    "A: Dwight D. Eisenhower was president of the United States in 1955.\n\n"
+    "Q: Which party did he belong to?\n"
+    "A: He belonged to the Republican Party.\n\n"
+    "Q: What is the square root of banana?\n"
+    "A: I have no comment.\n\n"
+    "Q: How does a telescope work?\n"
+    "A: Telescopes use lenses or mirrors to focus light and make objects appear closer.\n\n"
+    "Q: Where were the 1992 Olympics held?\n"
+    "A: The 1992 Olympics were held in Barcelona, Spain."
+)
+
+
+# --- functions the generated task YAMLs reference (``!function sc_utils.<name>``) ----------------------------------
+def _hs_preprocess(text: str) -> str:
+    import re
+
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    return text.replace("  ", " ")
+
+
+def hellaswag_process_docs(dataset):
+    """lm-eval ``hellaswag/utils.py``: query = activity_label + ': ' + ctx_a + ' ' + ctx_b.capitalize()."""
+    def one(doc):
+        ctx = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
+        return {"query": _hs_preprocess(doc["activity_label"] + ": " + ctx),
+                "choices": [_hs_preprocess(e) for e in doc["endings"]], "gold": int(doc["label"])}
+    return dataset.map(one)
+
+
+def truthfulqa_mc2_results(doc, results):
+    """lm-eval ``truthfulqa/utils.py process_results_mc2``: normalised probability mass on the true answers."""
+    import numpy as np
+
+    ll = np.array([r[0] for r in results])
+    probs = np.exp(ll)
+    probs = probs / probs.sum()
+    labels = np.array(doc["mc2_targets"]["labels"])
+    return {"acc": float(probs[labels == 1].sum())}
+
+
+# --- task YAMLs ---------------------------------------------------------------------------------------------------
+MC_METRICS = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+              {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]
+
+
+def _yaml(cfg: dict, functions: dict | None = None) -> str:
+    """yaml.safe_dump of the plain keys plus ``key: !function sc_utils.name`` lines (lm-eval's custom tag)."""
+    import yaml
+
+    txt = yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True, width=10**6)
+    for k, fn in (functions or {}).items():
+        txt += f"{k}: !function sc_utils.{fn}\n"
+    return txt
+
+
+def _local(d: Path, **splits) -> dict:
+    return {"dataset_path": "json", "dataset_kwargs": {"data_files": {k: str(d / v) for k, v in splits.items()}}}
+
+
+def write_task_yamls(data_dir: Path, out: Path, fewshot: dict, tasks: list[str]) -> dict[str, list[str]]:
+    """Write one lm-eval task YAML per task (MMLU: one per subject); return {our task: [lm-eval task names]}."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sc_utils.py").write_text(
+        "from harness.evals.short_context import hellaswag_process_docs, truthfulqa_mc2_results  # noqa: F401\n")
+    names: dict[str, list[str]] = {}
+    for t in tasks:
+        if t == "arc_challenge":
+            cfg = {"task": "sc_arc_challenge", **_local(data_dir / t, train="train.jsonl", test="test.jsonl"),
+                   "output_type": "multiple_choice", "training_split": "train", "test_split": "test",
+                   "num_fewshot": fewshot[t], "doc_to_text": "Question: {{question}}\nAnswer:",
+                   "doc_to_target": "{{choices.label.index(answerKey)}}", "doc_to_choice": "{{choices.text}}",
+                   "metric_list": MC_METRICS}
+            (out / "sc_arc_challenge.yaml").write_text(_yaml(cfg))
+            names[t] = ["sc_arc_challenge"]
+        elif t == "hellaswag":
+            cfg = {"task": "sc_hellaswag", **_local(data_dir / t, train="train.jsonl", validation="validation.jsonl"),
+                   "output_type": "multiple_choice", "training_split": "train", "validation_split": "validation",
+                   "num_fewshot": fewshot[t], "doc_to_text": "{{query}}", "doc_to_target": "{{gold}}",
+                   "doc_to_choice": "choices", "metric_list": MC_METRICS}
+            (out / "sc_hellaswag.yaml").write_text(_yaml(cfg, {"process_docs": "hellaswag_process_docs"}))
+            names[t] = ["sc_hellaswag"]
+        elif t == "mmlu":
+            d = data_dir / "mmlu"
+            rows = {s: [json.loads(x) for x in (d / f"{s}.jsonl").read_text().splitlines() if x.strip()]
+                    for s in ("dev", "test")}
+            names[t] = []
+            for subj in sorted({r["subject"] for r in rows["test"]}):
+                sd = out / "mmlu_data" / subj
+                sd.mkdir(parents=True, exist_ok=True)
+                for s in ("dev", "test"):
+                    mine = [r for r in rows[s] if r["subject"] == subj]
+                    (sd / f"{s}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
+                cfg = {"task": f"sc_mmlu_{subj}", **_local(sd, dev="dev.jsonl", test="test.jsonl"),
+                       "output_type": "multiple_choice", "test_split": "test", "fewshot_split": "dev",
+                       "fewshot_config": {"sampler": "first_n"}, "num_fewshot": fewshot[t],
+                       "description": "The following are multiple choice questions (with answers) about "
+                                      f"{subj.replace('_', ' ')}.\n\n",
+                       "doc_to_text": "{{question.strip()}}\nA. {{choices[0]}}\nB. {{choices[1]}}\nC. {{choices[2]}}"
+                                      "\nD. {{choices[3]}}\nAnswer:",
+                       "doc_to_choice": ["A", "B", "C", "D"], "doc_to_target": "answer",
+                       "metric_list": MC_METRICS[:1]}
+                (out / f"sc_mmlu_{subj}.yaml").write_text(_yaml(cfg))
+                names[t].append(f"sc_mmlu_{subj}")
+        elif t == "truthfulqa_mc2":
+            cfg = {"task": "sc_truthfulqa_mc2", **_local(data_dir / "truthfulqa", validation="validation.jsonl"),
+                   "output_type": "multiple_choice", "validation_split": "validation", "num_fewshot": 0,
+                   "doc_to_text": TQA_PRIMER + "\n\nQ: {{question}}\nA:", "doc_to_target": 0,
+                   "doc_to_choice": "{{mc2_targets.choices}}", "metric_list": MC_METRICS[:1]}
+            (out / "sc_truthfulqa_mc2.yaml").write_text(_yaml(cfg, {"process_results": "truthfulqa_mc2_results"}))
+            names[t] = ["sc_truthfulqa_mc2"]
+        else:
+            raise ConfigError(f"short_context: unknown task {t!r}; known: {sorted(DEFAULT_FEWSHOT)}")
+    return names
+
+
+def contract_lm(model, tokenizer, batch_size: int, max_length: int | None):
+    """An lm-eval HFLM whose forward goes through ``get_decoder()`` + ``get_output_embeddings()``."""
+    from lm_eval.models.huggingface import HFLM
+
+    class _ContractHFLM(HFLM):
+        def _model_call(self, inps, attn_mask=None, labels=None):
+            with torch.no_grad():
+                out = self.model.get_decoder()(input_ids=inps, use_cache=False)
+                return self.model.get_output_embeddings()(out.last_hidden_state)
+
+    return _ContractHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+
+
+def _read_summaries(path: Path) -> dict:
+    if path.is_dir():
+        path = path / "samples" / "short_context.jsonl"
+    out = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("kind") == "task_summary":
+                out[(r["task"], r["num_fewshot"], r["limit"])] = r
+    return out
+
+
+@EVALS.register("short_context")
+class ShortContext:
+    @dataclass
+    class Args(EvalArgs):
+        name: str = "short_context"
+        data_dir: str = ""  # local data (layout in the module docstring); "" = the shipped fixtures
+        tasks: list = field(default_factory=lambda: list(DEFAULT_FEWSHOT))
+        num_fewshot: dict = field(default_factory=lambda: dict(DEFAULT_FEWSHOT))
+        limit: int = 0  # documents per lm-eval task (0 = all)
+        batch_size: int = 1
+        max_length: int = 0  # lm-eval's context limit (it left-truncates); 0 = the model config's
+        resume: bool = False
+        resume_from: str = ""
+
+    def __init__(self, args):
+        unknown = [t for t in args.tasks if t not in DEFAULT_FEWSHOT]
+        if unknown:
+            raise ConfigError(f"short_context: unknown tasks {unknown}; known: {sorted(DEFAULT_FEWSHOT)}")
+        self.args = args
+
+    def run(self, handle, method, ctx) -> dict:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+
+        a = self.args
+        fewshot = {**DEFAULT_FEWSHOT, **{k: int(v) for k, v in a.num_fewshot.items()}}
+        data_dir = Path(a.data_dir) if a.data_dir else FIXTURES
+        task_dir = Path(ctx.run_dir) / "short_context_tasks"
+        names = write_task_yamls(data_dir, task_dir, fewshot, list(a.tasks))
+        out_path = ctx.samples_path("short_context")
+        prev = _read_summaries(Path(a.resume_from) if a.resume_from else out_path) if a.resume else {}
+        todo = [t for t in a.tasks if (t, fewshot[t], a.limit) not in prev]
+        scores, n_docs = {}, {}
+        for t in a.tasks:
+            if t not in todo:
+                scores[t], n_docs[t] = prev[(t, fewshot[t], a.limit)]["score"], prev[(t, fewshot[t], a.limit)]["n"]
+        if todo:
+            lm = contract_lm(handle.model, handle.tokenizer, a.batch_size, a.max_length or None)
+            tm = TaskManager(include_path=str(task_dir), include_defaults=False)
+            res = simple_evaluate(model=lm, tasks=[n for t in todo for n in names[t]], limit=a.limit or None,
+                                  task_manager=tm, bootstrap_iters=0, log_samples=True, random_seed=ctx.seed,
+                                  numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
+                                  fewshot_random_seed=ctx.seed)
+            for t in todo:
+                tot, n = 0.0, 0
+                for name in names[t]:
+                    samples = res["samples"][name]
+                    m = METRIC[t]
+                    vals = [float(s[m]) for s in samples]
+                    tot += sum(vals)
+                    n += len(vals)
+                    write_jsonl(out_path, [{"task": t, "lm_eval_task": name, "doc_id": s["doc_id"],
+                                            "target": str(s.get("target")), m: float(s[m]),
+                                            "loglikelihoods": [float(r[0]) for r in s.get("filtered_resps", [])]}
+                                           for s in samples])
+                scores[t] = round(100 * tot / n, 2) if n else None
+                n_docs[t] = n
+                write_jsonl(out_path, [{"kind": "task_summary", "task": t, "num_fewshot": fewshot[t],
+                                        "limit": a.limit, "score": scores[t], "n": n, "metric": METRIC[t]}])
+        vals = [v for v in scores.values() if v is not None]
+        return {"tasks": scores, "average": round(sum(vals) / len(vals), 2) if vals else None,
+                "metric": {t: METRIC[t] for t in a.tasks}, "num_fewshot": {t: fewshot[t] for t in a.tasks},
+                "n": n_docs, "data": a.data_dir or "fixtures"}

@@ -1,0 +1,133 @@
+"""longrope: LongRoPE (Ding et al. 2024, microsoft/LongRoPE ``rope/longrope.py``): per-pair rescale factors
+``inv_freq_i = 1 / (lambda_i * b^(2i/d))`` read from a file, cos and sin multiplied by the "su" magnitude scale
+``sqrt(1 + ln s / ln C)`` (s = max_position_embeddings / original_max_position_embeddings of the file), and
+optionally the first ``n_hat`` positions kept un-interpolated (``MixedLongRoPEScaledRotaryEmbedding``).
+
+Frequencies go through transformers' ``"longrope"`` rope type (``_compute_longrope_parameters``, the Phi-3
+implementation): the ``short_factor`` set for sequences of length <= C, ``long_factor`` beyond (strictly > C), one
+attention factor for both. ``switch: false`` gives the original LongRoPE class instead (long factors at every
+length: transformers' type with short := long). The switch is made stateless and KV-cache consistent by
+``rope.make_length_dependent`` (``kv_cache: refresh`` re-rotates cached keys when the set changes, which is what
+Phi-3's ``prepare_inputs_for_generation`` achieves by dropping the cache and re-prefilling).
+
+``n_hat`` (paper: start tokens kept at the original RoPE): a forward hook on the rotary module overwrites the cos/sin
+rows of positions < n_hat with plain RoPE values (no magnitude scale), as the original Mixed class overwrites rows
+``[:n_hat]`` with its ``original_embeddings`` (that class is broken at the read commit: generator/tuple bugs, and no
+script passes ``start_token_idx``; methods.md section 8.1). Those cached keys are never re-rotated.
+
+Factors file (shared with the LongRoPE search helper): JSON ``{"short_factor": [d/2], "long_factor": [d/2],
+"original_max_position_embeddings": C, "max_position_embeddings": target, "attention_factor"?: float, "n_hat"?: int,
+"provenance": {...}}``. ``factors: ""`` = the shipped default for tiny_llama 256 -> 2048
+(``harness/assets/longrope/tiny_llama_256_2048.json``: long factors initialised from the YaRN ramp exactly as the
+original search initialises its population, short factors 1; not a searched result, its provenance says so).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.config import ConfigError
+from harness.methods import METHODS, Method, MethodArgs
+from harness.methods.rope import (default_inv_freq, make_length_dependent, rope_dims, rotary_modules,
+                                  set_rope_parameters)
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "longrope"
+DEFAULT_FILE = ASSETS / "tiny_llama_256_2048.json"
+REQUIRED_KEYS = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
+
+
+def load_factors(path: str | Path, rotary_half: int, native_ctx: int | None = None) -> dict:
+    """Read and check a LongRoPE factors file (format in the module docstring)."""
+    p = Path(path) if path else DEFAULT_FILE
+    if not p.exists():
+        raise ConfigError(f"LongRoPE factors file not found: {p}")
+    data = json.loads(p.read_text())
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise ConfigError(f"LongRoPE factors file {p} lacks {missing}")
+    for k in ("short_factor", "long_factor"):
+        if len(data[k]) != rotary_half:
+            raise ConfigError(f"LongRoPE factors file {p}: {k} has {len(data[k])} values, the model's rotary "
+                              f"dimension needs d/2 = {rotary_half}")
+    if native_ctx and int(data["original_max_position_embeddings"]) != int(native_ctx):
+        raise ConfigError(f"LongRoPE factors file {p} is for C={data['original_max_position_embeddings']}, "
+                          f"the model's native window is {native_ctx}")
+    data["path"] = str(p)
+    return data
+
+
+def factors_digest(path: str | Path) -> str:
+    """sha256 of the factors file, saved with the method's parameters so a checkpoint is tied to its factors."""
+    import hashlib
+
+    p = Path(path) if path else DEFAULT_FILE
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else ""
+
+
+def su_mscale(scale: float, original: int) -> float:
+    """The "su" magnitude scale sqrt(1 + ln s / ln C) (1 if s <= 1)."""
+    return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+
+
+class StartTokens:
+    """Forward hook on a rotary module: cos/sin rows at positions < n_hat become plain RoPE (original freqs)."""
+
+    def __init__(self, module, n_hat: int, base: float, dim: int):
+        self.n_hat = n_hat
+        self.inv = default_inv_freq(base, dim)
+        self.handle = module.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs, output):
+        position_ids = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        if position_ids is None or int(position_ids.min()) >= self.n_hat:
+            return output
+        cos, sin = output
+        freqs = position_ids[..., None].float() * self.inv.to(cos.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        keep = (position_ids < self.n_hat)[..., None]
+        cos = torch.where(keep, emb.cos().to(cos.dtype), cos)
+        sin = torch.where(keep, emb.sin().to(sin.dtype), sin)
+        return cos, sin
+
+
+@METHODS.register("longrope")
+class LongRoPE(Method):
+    @dataclass
+    class Args(MethodArgs):
+        name: str = "longrope"
+        factors: str = ""  # path of a factors file; "" = the shipped tiny_llama 256 -> 2048 default
+        switch: bool = True  # short factors for length <= C, long beyond (Phi-3 / transformers); false = long always
+        n_hat: int = -1  # start tokens kept un-interpolated; -1 = the file's value (0 if absent)
+        attention_factor: float = 0.0  # 0 = the file's value, else su: sqrt(1 + ln s / ln C)
+        kv_cache: str = "refresh"  # refresh | stale
+
+    def apply(self, handle) -> None:
+        a = self.args
+        model = handle.model
+        base, dim = rope_dims(model.config)
+        f = load_factors(a.factors, dim // 2, handle.native_ctx)
+        orig, target = int(f["original_max_position_embeddings"]), int(f["max_position_embeddings"])
+        att = a.attention_factor or f.get("attention_factor") or su_mscale(target / orig, orig)
+        short = list(map(float, f["short_factor"] if a.switch else f["long_factor"]))
+        set_rope_parameters(model, rope_type="longrope", short_factor=short,
+                            long_factor=list(map(float, f["long_factor"])),
+                            original_max_position_embeddings=orig, factor=target / orig, attention_factor=float(att))
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        refresh = make_length_dependent(model, ROPE_INIT_FUNCTIONS["longrope"], a.kv_cache)
+        n_hat = int(f.get("n_hat", 0) if a.n_hat < 0 else a.n_hat)
+        if n_hat > 0:
+            for m in rotary_modules(model):
+                StartTokens(m, n_hat, base, dim)
+            if refresh is not None:
+                refresh.keep_first = n_hat
+        self.resolved = {"factors_file": f["path"], "n_hat": n_hat, "attention_factor": float(att),
+                         "original_max_position_embeddings": orig, "max_position_embeddings": target,
+                         "provenance": f.get("provenance", {})}
+
+    def params(self) -> dict:
+        return {**super().params(), "factors_sha256": factors_digest(self.args.factors)}

@@ -1,0 +1,236 @@
+"""LongRoPE / LongRoPE2 rescale-factor search (``scripts/search_rope.py``; user guide ``docs/longrope_search.md``).
+
+- ``critical_dim``: the critical-dimension formula, closed-form seed factors (PI / NTK / YaRN), mscale policies.
+- ``evolution``: candidates, constraints, mutation / crossover, the population loop (resumable state).
+- ``fitness``: batched candidate evaluation (PPL at the target length, or needle-driven PPL), documents, and
+  ``apply_factors`` (transformers' "longrope" + start tokens) for a finished factors file.
+
+``run_search`` ties them together and returns the factors-file dict: ``short_factor``, ``long_factor`` (d/2 floats
+each), ``original_max_position_embeddings``, ``max_position_embeddings``, ``attention_factor``, ``n_hat``,
+``provenance``. The file format is shared with the ``longrope`` / ``longrope2`` methods; keep it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harness.config import ConfigError
+from harness.results import atomic_write_json, config_hash
+from harness.search import critical_dim as cd
+from harness.search.evolution import Candidate, Evolution, Space, complete, project
+
+
+@dataclass
+class SearchArgs:
+    """``conf/search/<name>.yaml``. Defaults = LongRoPE's search (paper Sec. 4.1, ``dim_mono.json``)."""
+
+    name: str = "longrope"
+    algorithm: str = "longrope"  # longrope | longrope2
+    population: int = 64
+    mutations: int = 16
+    crossovers: int = 16
+    parents: int = 32
+    mutation_prob: float = 0.3
+    crossover_prob: float = 0.15  # 0.3 * 0.5 in the original
+    max_crossover_tries: int = 20
+    iterations: int = 40
+    step: float = 0.01  # factor grid (original list_step)
+    seeds: list = field(default_factory=lambda: ["pi", "ntk", "yarn"])  # + yarn_freq | ramp | random
+    init_factors: str = ""  # progressive extension: a previous factors file, rescaled to this target, as a seed
+    # start tokens kept un-interpolated (LongRoPE's n_hat); [0] = not searched. Paper grid: 0,1,2,4,...,256
+    n_hat_grid: list = field(default_factory=lambda: [0])
+    # fitness
+    fitness: str = "ppl"  # ppl (LongRoPE) | needle (LongRoPE2 needle-driven PPL)
+    dataset: str = "shakespeare"  # text source or dir:<path> (PG19 on a cluster)
+    split: str = "test"
+    samples: int = 5  # documents (LongRoPE: 5 PG19 validation samples)
+    needles: int = 1  # needles per needle document
+    batch: int = 4  # (candidate, document) rows per forward
+    chunk: int = 1024
+    # factor ranges
+    lo_mult: float = 0.0  # searched-factor bounds as multiples of s; 0 = the algorithm's default
+    hi_mult: float = 0.0  # (longrope: [1, s]; longrope2: [s, 2s])
+    critical_dim: str = "none"  # none | theoretical | search | <int dim>  (longrope2: which pairs are searched)
+    critical_window: int = 4  # pairs either side of the theoretical critical pair when critical_dim=search
+    mscale: str = "su"  # su | yarn | <number>: attention factor on cos/sin at the target length
+    time_budget_s: float = 0.0  # skip iterations that would end past this many seconds (0 = all); stays resumable
+
+    def validate(self) -> None:
+        if self.algorithm not in ("longrope", "longrope2"):
+            raise ConfigError(f"search={self.name}: algorithm must be longrope | longrope2, got {self.algorithm!r}")
+        if self.fitness not in ("ppl", "needle"):
+            raise ConfigError(f"search={self.name}: fitness must be ppl | needle, got {self.fitness!r}")
+        if self.parents < 1 or self.population < self.parents:
+            raise ConfigError(f"search={self.name}: need 1 <= parents <= population")
+        for sd in self.seeds:
+            if sd not in ("pi", "ntk", "yarn", "yarn_freq", "ramp", "random"):
+                raise ConfigError(f"search={self.name}: unknown seed {sd!r} "
+                                  "(pi | ntk | yarn | yarn_freq | ramp | random)")
+        cd.mscale_of(self.mscale, 2.0, 256)  # raises on an unknown policy
+
+
+def rescale_factors(lam, s_old: float, s_new: float) -> np.ndarray:
+    """LongRoPE's ``--auto-rescale-init-factors``: ``1 + (lam - 1)(s_new - 1)/(s_old - 1)``."""
+    lam = np.asarray(lam, dtype=np.float64)
+    if s_old <= 1:
+        return np.full_like(lam, s_new)
+    return 1 + (lam - 1) * (s_new - 1) / (s_old - 1)
+
+
+def build_space(a: SearchArgs, d: int, base: float, C: int, s: float) -> Space:
+    if a.algorithm == "longrope":
+        lo, hi = (a.lo_mult or 1.0 / s) * s, (a.hi_mult or 1.0) * s
+    else:
+        lo, hi = (a.lo_mult or 1.0) * s, (a.hi_mult or 2.0) * s
+    lo = max(lo, 1.0)
+    if hi < lo:
+        raise ConfigError(f"search={a.name}: empty factor range [{lo}, {hi}]")
+    k_tcd = cd.critical_pair(d, base, C)
+    mode = str(a.critical_dim).strip().lower()
+    if a.algorithm == "longrope" and mode in ("", "none"):
+        k, search_k, k_range = 0, False, (0, 0)
+    elif mode in ("none", "", "theoretical"):
+        k, search_k, k_range = k_tcd, False, (k_tcd, k_tcd)
+    elif mode == "search":
+        k_range = (max(1, k_tcd - a.critical_window), min(d // 2 - 1, k_tcd + a.critical_window))
+        k, search_k = k_tcd, True
+    else:
+        try:
+            k = int(mode) // 2
+        except ValueError:
+            raise ConfigError(f"search={a.name}: critical_dim must be none | theoretical | search | <int>") from None
+        search_k, k_range = False, (k, k)
+    k = min(max(k, k_range[0]), d // 2 - 1) if search_k else min(k, d // 2 - 1)
+    return Space(d_half=d // 2, lo=lo, hi=hi, step=a.step, k=k, k_range=k_range, search_k=search_k,
+                 n_hat_grid=tuple(int(n) for n in (a.n_hat_grid or [0])))
+
+
+def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s: float, seed: int = 0) -> list[Candidate]:
+    """PI / NTK / YaRN factors (LongRoPE's seeds), optional ramps and random monotone vectors (useful for LongRoPE2,
+    where PI / NTK / YaRN all project to the flat vector ``s`` above the critical pair), and ``init_factors``."""
+    vecs = {"pi": cd.pi_factors(d, s), "ntk": cd.ntk_factors(d, s), "yarn": cd.yarn_factors(d, s, base, C),
+            "yarn_freq": cd.yarn_frequency_factors(d, s, base, C)}
+    out = [project(vecs[n], space, space.k) for n in a.seeds if n in vecs]
+    n_searched = space.d_half - space.k
+    if "ramp" in a.seeds:  # geometric ramps from lo to several tops over the searched pairs
+        for top in np.linspace(space.lo, space.hi, 5)[1:]:
+            j = np.arange(n_searched) / max(n_searched - 1, 1)
+            lam = np.ones(space.d_half)
+            lam[space.k:] = space.lo * (top / space.lo) ** j
+            out.append(project(lam, space, space.k))
+    if "random" in a.seeds:  # sorted uniform draws in [lo, hi]
+        rng = np.random.default_rng(seed + 1)
+        for _ in range(max(1, a.population // 4)):
+            lam = np.ones(space.d_half)
+            lam[space.k:] = np.sort(rng.uniform(space.lo, space.hi, n_searched))
+            out.append(project(lam, space, space.k))
+    if a.init_factors:
+        prev = json.loads(Path(a.init_factors).read_text())
+        s_old = float(prev["max_position_embeddings"]) / float(prev["original_max_position_embeddings"])
+        lam = rescale_factors(prev["long_factor"], s_old, s)
+        k = space.k
+        if a.algorithm == "longrope2":
+            k = int((prev.get("provenance") or {}).get("critical_pair", space.k))
+            k = min(max(k, space.k_range[0]), space.k_range[1]) if space.search_k else space.k
+        c = project(lam, space, k)
+        c.n_hat = int(prev.get("n_hat") or 0) if int(prev.get("n_hat") or 0) in space.n_hat_grid else 0
+        out.insert(0, c)
+    if space.k > 0:  # LongRoPE2: the searched pairs start at least at the critical factor
+        for c in out:
+            complete(c, space)
+    return out
+
+
+def factors_file(a: SearchArgs, best: Candidate, fitness: float, C: int, target: int, scale: float,
+                 provenance: dict) -> dict:
+    return {"short_factor": [1.0] * len(best.lam), "long_factor": [round(float(v), 6) for v in best.lam],
+            "original_max_position_embeddings": int(C), "max_position_embeddings": int(target),
+            "attention_factor": float(scale), "n_hat": int(best.n_hat),
+            "provenance": {**provenance, "algorithm": a.algorithm, "best_fitness": fitness,
+                           "critical_pair": int(best.k), "critical_dim": 2 * int(best.k)}}
+
+
+def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str | Path, seed: int = 0,
+               model_name: str = "", resume: bool = True, log=print, dtype: str = "auto") -> tuple[dict, dict]:
+    """Run (or resume) a search; returns (factors dict, info dict with the fitness curve and timings)."""
+    from harness.methods.rope import rope_base
+    from harness.models import rotary_dim
+    from harness.search.fitness import Fitness, long_documents, needle_documents
+
+    a.validate()
+    d, base = rotary_dim(model.config), rope_base(model.config)
+    s = target / C
+    if s <= 1:
+        raise ConfigError(f"target_length {target} must exceed the native window {C}")
+    space = build_space(a, d, base, C, s)
+    scale = cd.mscale_of(a.mscale, s, C)
+    if a.fitness == "ppl":
+        ids, mask = long_documents(tok, a.dataset, a.split, a.samples, target), None
+    else:
+        ids, mask = needle_documents(tok, a.dataset, a.split, a.samples, target, seed, a.needles)
+    fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype)
+    evo = Evolution(space, a.population, a.mutations, a.crossovers, a.parents, a.mutation_prob, a.crossover_prob,
+                    a.max_crossover_tries, seed)
+    resumable = {k: v for k, v in asdict(a).items() if k not in ("iterations", "time_budget_s")}  # may grow
+    fingerprint = config_hash({"args": resumable, "C": C, "target": target, "seed": seed, "model": model_name,
+                               "d": d, "base": base})
+    state_path = Path(state_path)
+    t0, elapsed0 = time.time(), 0.0
+    if resume and state_path.exists():
+        st = json.loads(state_path.read_text())
+        if st.get("fingerprint") == fingerprint:
+            evo.load_state(st["evolution"])
+            elapsed0 = float(st.get("elapsed_s", 0.0))
+            log(f"resumed {state_path} at iteration {evo.iteration} ({evo.evaluations} evaluations)")
+        else:
+            log(f"state {state_path} belongs to another search (fingerprint differs); starting over")
+
+    def save():
+        atomic_write_json(state_path, {"fingerprint": fingerprint, "elapsed_s": elapsed0 + time.time() - t0,
+                                       "evolution": evo.state()})
+
+    last_iter = [0.0]
+
+    def over_budget():  # stop before an iteration that would end past the budget (last iteration's duration)
+        return a.time_budget_s > 0 and elapsed0 + time.time() - t0 + last_iter[0] > a.time_budget_s
+
+    if not evo.scored:
+        seeds = seed_candidates(a, space, d, base, C, s, seed)
+        evo.initialize(seeds, fit)
+        save()
+        log(f"init: {len(evo.scored)} candidates, best fitness {evo.best()[0]:.4f} "
+            f"({time.time() - t0:.0f}s)")
+    stopped = "completed"
+    while evo.iteration < a.iterations:
+        if over_budget():
+            stopped = f"time budget {a.time_budget_s:.0f}s reached at iteration {evo.iteration}"
+            break
+        t_it = time.time()
+        evo.step(fit)
+        last_iter[0] = time.time() - t_it
+        save()
+        log(f"iter {evo.iteration}/{a.iterations}: best {evo.best()[0]:.4f} "
+            f"(evaluations {evo.evaluations}, {elapsed0 + time.time() - t0:.0f}s)")
+    best_fit, best = evo.best()
+    elapsed = elapsed0 + time.time() - t0
+    k_tcd = cd.critical_pair(d, base, C)
+    provenance = {"model": model_name, "target": target, "native_ctx": C, "scale": s, "seed": seed,
+                  "search_config": asdict(a), "fitness_history": evo.curve, "evaluations": evo.evaluations,
+                  "iterations": evo.iteration, "rotary_dim": d, "rope_theta": base,
+                  "theoretical_critical_dim": 2 * k_tcd, "mscale_policy": a.mscale, "elapsed_s": round(elapsed, 1),
+                  "stopped": stopped, "fitness_metric": "needle_ppl" if a.fitness == "needle" else "ppl"}
+    factors = factors_file(a, best, best_fit, C, target, scale, provenance)
+    info = {"fitness_curve": evo.curve, "best_fitness": best_fit, "evaluations": evo.evaluations,
+            "iterations": evo.iteration, "elapsed_s": round(elapsed, 1), "stopped": stopped,
+            "critical_dim": {"theoretical": 2 * k_tcd, "used": 2 * int(best.k),
+                             "searched": bool(space.search_k)} if a.algorithm == "longrope2" else None,
+            "n_hat": int(best.n_hat), "fitness_tokens": int(mask[:, 1:].sum()) if mask is not None
+            else int(ids.shape[0] * (ids.shape[1] - 1))}
+    if not math.isfinite(best_fit):
+        log("warning: every candidate had a non-finite fitness")
+    return factors, info

@@ -1,0 +1,358 @@
+"""Sharded evaluation: one run's evaluation split into (suite entry x length) shards that run as separate jobs and
+merge into the run's single results row; a rerun skips the shards already finished.
+
+    python run.py experiment=paper_llama2 point=paper_llama2/ntk_32k +shard=train          # fine-tune once
+    python run.py -m experiment=paper_llama2 point=paper_llama2/ntk_32k \\
+        +shard=ppl_pg19@65536,niah@65536,ruler@32768,ruler@65536 hydra/launcher=slurm_a100   # shards in parallel
+    python run.py experiment=tiny_study point=tiny_study/pi +shard=all                     # everything missing, in order
+    python -m harness.shards plan experiment=paper_llama2 point=paper_llama2/ntk_32k       # list the shards
+
+How it fits together:
+
+- Identity. Every job of a sharded run composes the same config except ``shard``, so the run id is derived from that
+  config: ``sh-<config_hash>`` (``run_id``). All its jobs share ``<paths.output_dir>/sharded/<run_id>/`` (the row's
+  ``run_dir``: ``run.json``, ``checkpoint/`` of the fine-tune, ``shards/<entry>@<L>.json`` results and
+  ``shards/<entry>@<L>/samples/`` per-sample records) and the one row ``<results_dir>/runs/<run_id>.json``.
+  Rerunning the same command therefore finds the same row; to start over, delete that directory and row.
+- Shards (``plan``): ``train`` when the train config is enabled, then for every suite entry one shard per evaluation
+  length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for the evaluators in ``BY_LENGTH``, or one
+  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid). ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job)
+  or ``train``.
+- A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
+  status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
+  files are the source of truth: a merge rebuilds the row's metrics from all of them.
+- Merge: under an exclusive lock file (``O_CREAT|O_EXCL``, safe on NFS and Lustre; a lock older than
+  ``LOCK_STALE_S`` is broken), read the row, rebuild ``metrics`` (per entry, the deep union of its shards' outputs, in
+  length order: ``{"accuracy": {"256": ..}} + {"accuracy": {"512": ..}}``), timings and status, write atomically.
+  The row is ``ok`` when every planned shard is, ``failed`` (with the shard's one-line error) when one failed in its
+  latest attempt, ``running`` otherwise.
+- A shard's output equals the unsharded evaluator's output restricted to its length when the evaluator treats
+  lengths independently (seeds per length); ``min_tokens: 0`` (ppl: documents as long as the largest length) is
+  pinned to the entry's largest length so every shard scores the same documents.
+- An evaluation shard of a fine-tuned run loads the fine-tuned weights from ``checkpoint/`` (written by the ``train``
+  shard); it fails with a one-line message if the run was not trained yet.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness import results
+
+LOCK_STALE_S = 300.0
+SHARD_KEY = "shard"
+
+
+@dataclass(frozen=True)
+class Shard:
+    name: str  # "train" | "<entry>@<L>" | "<entry>"
+    entry: str | None = None
+    length: int | None = None
+
+
+def plain_config(cfg) -> dict:
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop(SHARD_KEY, None)
+    return plain
+
+
+def run_id(cfg) -> str:
+    """The sharded run's id: a hash of the resolved config without ``shard`` (every job of the run agrees on it)."""
+    return "sh-" + results.config_hash(plain_config(cfg))
+
+
+def run_dir(cfg) -> Path:
+    return Path(cfg.paths.output_dir) / "sharded" / run_id(cfg)
+
+
+def train_enabled(cfg) -> bool:
+    return bool((cfg.get("train") or {}).get("enabled", False))
+
+
+def plan(cfg) -> list[Shard]:
+    """Every shard of the run, in execution order."""
+    out = [Shard("train")] if train_enabled(cfg) else []
+    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
+    for entry, node in suite.items():
+        node = node or {}
+        lengths = node.get("lengths") if by_length(node) else None
+        if lengths:
+            out += [Shard(f"{entry}@{int(L)}", entry, int(L)) for L in lengths]
+        else:
+            out.append(Shard(entry, entry, None))
+    return out
+
+
+# evaluators whose output is a per-length map computed length by length (so a shard per length is exact); the
+# others (niah with its own context_lengths grid, nll_by_position, longbench, manyshot_trec, short_context: one
+# prompt budget or none) are one shard per suite entry
+BY_LENGTH = ("ppl", "passkey", "ruler", "niah")
+
+
+def by_length(node: dict) -> bool:
+    name = node.get("name")
+    return name in BY_LENGTH and not (name == "niah" and node.get("context_lengths"))
+
+
+def select(cfg, spec: str) -> list[Shard]:
+    shards = plan(cfg)
+    if spec == "all":
+        return shards
+    found = [s for s in shards if s.name == spec]
+    if not found:
+        from harness.config import ConfigError
+
+        raise ConfigError(f"shard {spec!r} is not in this run's plan (have: all, {', '.join(s.name for s in shards)})")
+    return found
+
+
+# ------------------------------------------------------------------------------------------------------ files
+def shard_file(rdir: Path, name: str) -> Path:
+    return Path(rdir) / "shards" / f"{name}.json"
+
+
+def read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(Path(p).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_done(rdir: Path, shard: Shard) -> bool:
+    if shard.name == "train":
+        info = read_json(Path(rdir) / "checkpoint" / "train_info.json")
+        return info is not None
+    rec = read_json(shard_file(rdir, shard.name))
+    return bool(rec) and rec.get("status") == "ok"
+
+
+@contextmanager
+def file_lock(path: Path, timeout: float = 600.0, stale: float = LOCK_STALE_S):
+    """Exclusive lock by atomic creation of ``path`` (works across processes and hosts on a shared filesystem)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.write(fd, f"{socket.gethostname()} {os.getpid()} {time.time()}\n".encode())
+            os.close(fd)
+            break
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime > stale or _holder_dead(path):
+                    os.unlink(path)  # a holder that died mid-merge (merges take milliseconds)
+                    continue
+            except FileNotFoundError:
+                continue
+            if time.time() - t0 > timeout:
+                raise TimeoutError(f"could not lock {path} within {timeout:.0f} s") from None
+            time.sleep(0.02)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _holder_dead(path: Path) -> bool:
+    """True when the lock was taken by a process of this host that no longer exists (killed while merging)."""
+    try:
+        host, pid, _ = Path(path).read_text().split()
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def deep_merge(a, b):
+    """Union of two evaluator outputs: dicts merge key by key (recursively), anything else: ``b`` wins."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = deep_merge(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(b)
+
+
+# ------------------------------------------------------------------------------------------------------ the row
+def _new_row(cfg, rdir: Path) -> dict:
+    from harness.pipeline import GROUPS
+
+    plain = plain_config(cfg)
+    names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
+    row = results.new_row(run_id(cfg), plain, names, rdir)
+    row["shards"] = {}
+    return row
+
+
+def merge(cfg, rdir: Path | None = None) -> dict:
+    """Rebuild the row from the shard files (atomic, under the row's lock) and return it."""
+    rdir = Path(rdir or run_dir(cfg))
+    rid = run_id(cfg)
+    rpath = results.row_path(cfg.paths.results_dir, rid)
+    with file_lock(rpath.with_suffix(".lock")):
+        row = read_json(rpath) or _new_row(cfg, rdir)
+        shards = plan(cfg)
+        metrics, timings, status, errors = {}, dict(row.get("timings") or {}), {}, []
+        for s in shards:
+            if s.name == "train":
+                info = read_json(rdir / "checkpoint" / "train_info.json")
+                status[s.name] = "ok" if info is not None else "missing"
+                if info is not None:
+                    row["train_info"] = info
+                    timings["train"] = info.get("train_seconds")
+                continue
+            rec = read_json(shard_file(rdir, s.name))
+            if not rec:
+                status[s.name] = "missing"
+                continue
+            status[s.name] = rec["status"]
+            if rec["status"] == "ok":
+                metrics[s.entry] = deep_merge(metrics.get(s.entry, {}), rec["result"])
+                timings[f"eval.{s.name}"] = rec.get("seconds")
+                if rec.get("method_params") is not None:
+                    row["method_params"] = rec["method_params"]
+            else:
+                errors.append(f"shard {s.name}: {rec.get('error')}")
+        row["metrics"], row["timings"], row["shards"] = metrics, timings, status
+        if errors:
+            row["status"], row["error"] = "failed", errors[0]
+            row["time_end"] = results.now_iso()
+        elif all(v == "ok" for v in status.values()):
+            row["status"], row["error"] = "ok", None
+            row["time_end"] = results.now_iso()
+        else:
+            row["status"], row["error"], row["time_end"] = "running", None, None
+        results.write_row(cfg.paths.results_dir, row)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------------ running
+def _record(rdir: Path, shard: Shard, **fields) -> None:
+    rec = {"shard": shard.name, "entry": shard.entry, "length": shard.length, "pid": os.getpid(),
+           "host": socket.gethostname(), "time_end": results.now_iso(), **fields}
+    results.atomic_write_json(shard_file(rdir, shard.name), rec)
+
+
+def _train(cfg, rdir: Path, log) -> None:
+    from harness import pipeline
+
+    method, train = pipeline.validate(cfg)
+    handle = pipeline.load_and_extend(cfg, method)
+    info = pipeline.finetune(cfg, handle, method, train, {"run_dir": str(rdir)})
+    results.atomic_write_json(rdir / "checkpoint" / "train_info.json", info)  # last: marks the shard finished
+    log(f"shard train: done ({info.get('steps')} steps)")
+
+
+def _load(cfg, rdir: Path):
+    """The model to evaluate: the base model, or the run's fine-tuned checkpoint, with the method applied."""
+    from harness import pipeline
+
+    method, _ = pipeline.validate(cfg)
+    if train_enabled(cfg):
+        ckpt = rdir / "checkpoint"
+        if not (ckpt / "train_info.json").exists():
+            raise RuntimeError(f"run {rdir.name} is not fine-tuned yet: run its +shard=train (or +shard=all) first")
+        cfg = copy.deepcopy(cfg)
+        cfg.model.path = str(ckpt)
+    return pipeline.load_and_extend(cfg, method), method
+
+
+def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
+    from harness.evals import EvalContext, build_evaluators
+
+    node = OmegaConf.to_container(cfg.eval.suite[shard.entry], resolve=True)
+    if shard.length is not None:
+        if node.get("min_tokens") == 0:  # ppl picks documents long enough for the largest length of the entry
+            node["min_tokens"] = max(int(L) for L in node["lengths"])
+        node["lengths"] = [shard.length]
+    ev = build_evaluators({shard.entry: node})[0]
+    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+    return ev.run(handle, method, ctx)
+
+
+def run(cfg, log=print) -> dict:
+    """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
+    fails (after recording it, so the row says which one and why)."""
+    from harness.pipeline import one_line
+
+    spec = str(cfg[SHARD_KEY])
+    rdir = run_dir(cfg)
+    rdir.mkdir(parents=True, exist_ok=True)
+    if not (rdir / "run.json").exists():
+        results.atomic_write_json(rdir / "run.json", {"run_id": run_id(cfg), "command": " ".join(sys.argv),
+                                                      "git_sha": results.git_sha(), "config": plain_config(cfg)})
+    merge(cfg, rdir)  # the row exists (status running) from the first job on
+    todo = [s for s in select(cfg, spec) if not is_done(rdir, s)]
+    skipped = [s.name for s in select(cfg, spec) if s not in todo]
+    if skipped:
+        log(f"shards already finished, skipped: {', '.join(skipped)}")
+    failure = None
+    loaded = None
+    for s in todo:
+        t0 = time.time()
+        try:
+            if s.name == "train":
+                _train(cfg, rdir, log)
+                loaded = None
+            else:
+                if loaded is None:
+                    loaded = _load(cfg, rdir)
+                out = _evaluate(cfg, rdir, s, *loaded)
+                _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
+                        method_params=loaded[1].params())
+                log(f"shard {s.name}: done in {time.time() - t0:.1f} s")
+        except Exception as e:  # noqa: BLE001 - a failed shard is recorded, the others still run
+            failure = failure or e
+            if s.name != "train":
+                _record(rdir, s, status="failed", error=one_line(e), seconds=round(time.time() - t0, 2))
+            else:
+                (rdir / "train_error.log").write_text(one_line(e) + "\n")
+            log(f"shard {s.name}: failed: {one_line(e)}")
+            if s.name == "train":
+                break  # nothing to evaluate
+        merge(cfg, rdir)
+    row = merge(cfg, rdir)
+    if failure is not None:
+        raise failure
+    return row
+
+
+def main(argv: list[str]) -> int:
+    """``python -m harness.shards plan <overrides>``: print the run id, its directory and every shard's state."""
+    from harness.sweeps import compose
+
+    if not argv or argv[0] != "plan":
+        print(__doc__.split("\n\n")[1])
+        return 2
+    cfg = compose([a for a in argv[1:] if not a.startswith("+shard")])
+    rdir = run_dir(cfg)
+    print(f"run {run_id(cfg)}  dir {rdir}")
+    for s in plan(cfg):
+        print(f"  {s.name:30s} {'done' if is_done(rdir, s) else 'missing'}")
+    missing = [s.name for s in plan(cfg) if not is_done(rdir, s)]
+    if missing:
+        ev = [m for m in missing if m != "train"]
+        print("\nto run the missing evaluation shards as parallel jobs:\n  python run.py -m "
+              + " ".join(argv[1:]) + " +shard=" + ",".join(ev))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,50 @@
+"""Sweeps outside of a Hydra app: the job list a multirun would launch, and each job's composed config.
+
+``expand(["experiment=paper_llama2"])`` returns one override list per job, exactly as Hydra's basic sweeper builds
+them (the experiment's ``hydra.sweeper.params`` first, then the command line, cartesian product in that order).
+Used by ``scripts/render_sbatch.py`` (one array task per job) and by the tests that compose every sweep point.
+"""
+from __future__ import annotations
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from harness import conf_utils
+
+
+def compose(overrides: list[str], with_hydra: bool = False):
+    """The config of one job (``with_hydra``: including the ``hydra`` node: launcher, sweeper, sweep dirs)."""
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_utils.CONF_DIR), version_base="1.3"):
+        return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+
+
+def _first_values(overrides: list[str]) -> list[str]:
+    """Each sweep override replaced by its first value (to compose the config that defines the sweep)."""
+    parser = OverridesParser.create()
+    out = []
+    for o in parser.parse_overrides(overrides):
+        if o.is_sweep_override():
+            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
+        else:
+            out.append(o.input_line)
+    return out
+
+
+def sweeper_params(argv: list[str]) -> list[str]:
+    """``hydra.sweeper.params`` of the composed config, as override strings."""
+    cfg = compose(_first_values(argv), with_hydra=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or {}, resolve=False) or {}
+    return [f"{k}={' '.join(str(v).split())}" for k, v in params.items()]
+
+
+def expand(argv: list[str]) -> list[list[str]]:
+    """Every job of ``python run.py -m <argv>``: a list of override lists (the basic sweeper's order)."""
+    parser = OverridesParser.create()
+    overrides = parser.parse_overrides(sweeper_params(argv) + list(argv))
+    return BasicSweeper.split_arguments(overrides, None)[0]

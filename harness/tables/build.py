@@ -1,0 +1,553 @@
+"""Table builders: one function per table of the controlled study (and the two other papers' tables).
+
+Each builder takes the ``RowSet``, the ``Paper``, the model name and returns a ``Table`` (or None when no row of
+that model has a number for it). Lengths are mapped as multiples of the model's native window C: our length L
+lands in the paper's column ``kfmt(L / C x paper_C)`` (tiny_llama, C = 256: 2048 tokens -> the paper's "32k").
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+from harness.tables import bootstrap as bs
+from harness.tables.paper import Paper
+from harness.tables.render import Cell, Table
+from harness.tables.rows import Entry, RowSet, at_factor, factors, kfmt, native_ctx, num
+
+CHECK = "\u2713"
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+def is_second(rs: RowSet, model: str) -> bool:
+    return model in (rs.spec.get("second_base_models") or [])
+
+
+def attention(rs: RowSet, e: Entry) -> str:
+    return ((rs.spec.get("methods") or {}).get(e.method) or {}).get("attention", "exact")
+
+
+def paper_len_label(e: Entry, paper_c: int) -> str:
+    """The entry's training length in the paper's units (frozen: the native window)."""
+    c = e.native_ctx
+    tl = e.train_len
+    if not c:
+        return "?"
+    return kfmt(paper_c * (tl / c if tl else 1))
+
+
+def length_notes(rs: RowSet, model: str, paper_c: int, paper_name: str) -> list[str]:
+    ents = rs.for_model(model)
+    cs = sorted({e.native_ctx for e in ents if e.native_ctx})
+    c = cs[0] if cs else None
+    ex = f"; e.g. the column {kfmt(paper_c * 8)} = 8C = {8 * c} tokens for ours" if c else ""
+    return [f"Ours: {model} (native window C = {c} tokens); paper: {paper_name} (C = {kfmt(paper_c)}). Columns "
+            f"are lengths as multiples of C{ex}. The numbers are not expected to match, the shape is.",
+            "Cell: ours [bootstrap 95% CI where per-sample scores exist] / paper (ours - paper); \u2014 = no number."]
+
+
+def rows_for(rs: RowSet, paper: Paper, model: str, tid: str):
+    """[(paper_row or None, entry or None)] in the paper's row order, then our entries the paper does not have."""
+    ents = rs.for_model(model)
+    out, used = [], set()
+    prows = paper.table(tid)["rows"] if tid else []
+    seen = set()
+    for pr in prows:
+        if pr["key"] in seen:
+            continue
+        seen.add(pr["key"])
+        match = [e for e in ents if e.method == pr["key"]]
+        if not match:
+            out.append((pr, None))
+        for e in match:
+            out.append((pr, e))
+            used.add(id(e))
+    for e in ents:
+        if id(e) not in used:
+            out.append((None, e))
+    return out
+
+
+def series_getter(metric: str, factor: float):
+    return lambda m, r: at_factor(m.get(metric), native_ctx(r), factor)
+
+
+def entry_factors(rs: RowSet, e: Entry, source: str, metric: str) -> set:
+    fs = set()
+    for r in e.rows:
+        for k in rs.entry_keys(r, source):
+            fs.update(factors(r["metrics"][k].get(metric), native_ctx(r)))
+    return fs
+
+
+def columns_for(paper_cols: list[str], paper_c: int, extra_factors) -> list[tuple[str, float]]:
+    cols = {lab: int(float(lab[:-1]) * 1024) / paper_c for lab in paper_cols}
+    for f in extra_factors:
+        lab = kfmt(f * paper_c)
+        cols.setdefault(lab, f)
+    return sorted(cols.items(), key=lambda kv: kv[1])
+
+
+def ci_for(rs: RowSet, pick, names_extra: list[str], evaluator: str, where: dict, group_by: str | None,
+           reported: float | None):
+    if pick.row is None or reported is None:
+        return None
+    sspec = (rs.spec.get("samples") or {}).get(evaluator)
+    if not sspec:
+        return None
+    bsp = rs.spec.get("bootstrap") or {}
+    names = [pick.entry_key] + names_extra
+    w = {sspec[k]: v for k, v in where.items() if sspec.get(k)}
+    if len(w) != len(where):
+        return None
+    gb = sspec.get(group_by) if group_by else None
+    if group_by and not gb:
+        return None
+    return bs.interval_for(pick.row, names, sspec["score"], w, gb, reported, bsp.get("resamples", 1000),
+                           bsp.get("seed", 0))
+
+
+# -- Table 2 / 5: perplexity by length ---------------------------------------------------------------------------
+def ppl_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    second = is_second(rs, model)
+    blocks = [("PG19", "ppl_pg19", None if second else "table2_pg19"),
+              ("Proof-file", "ppl_proofpile", "table5" if second else "table2_proofpile")]
+    ptid0 = blocks[1][2]
+    paper_c = int(paper.table(ptid0).get("native_ctx") or paper.data["controlled_study"]["native_ctx"])
+    tid = "table5" if second else "table2"
+    # columns: union over blocks
+    extra = set()
+    for _, src, _ in blocks:
+        for e in rs.for_model(model):
+            extra |= entry_factors(rs, e, src, "ppl")
+    cols = columns_for(paper.table(ptid0)["columns"], paper_c, extra)
+    t = Table(f"{tid}_{model}", f"Table {tid[5:]}: Perplexity by evaluation length ({model})",
+              ["Len", "Ex", "Methods"] + [c for c, _ in cols], label_cols=3,
+              notes=length_notes(rs, model, paper_c, "Phi-2-base" if second else "LLaMA2-7B"))
+    protos = set()
+    for name, src, ptid in blocks:
+        start = len(t.rows)
+        any_ours = False
+        for pr, e in rows_for(rs, paper, model, ptid):
+            if e is not None and e.protocol:
+                protos.add(e.protocol)
+            cells = []
+            for lab, f in cols:
+                c = Cell(decimals=2)
+                if pr is not None:
+                    c.has_paper, c.paper = paper.value(ptid, pr["key"], lab)
+                if e is not None:
+                    c.ours = num(rs.pick(e, src, series_getter("ppl", f)).value)
+                    any_ours |= c.ours is not None
+                cells.append(c)
+            if e is None and pr is None:
+                continue
+            if e is not None and all(c.ours is None for c in cells) and not any(c.has_paper for c in cells):
+                continue
+            if e is not None:
+                labels = [paper_len_label(e, paper_c), CHECK if attention(rs, e) == "exact" else "",
+                          display_label(rs, pr, e)]
+            else:
+                labels = [pr.get("len", ""), CHECK if pr.get("exact") else "", pr["label"]]
+            t.add(labels, cells)
+        if len(t.rows) > start:
+            t.sections[start] = name + ("" if any_ours else " (no rows of ours)")
+    if t.n_ours() == 0:
+        return None
+    if protos and protos != {"longlora"}:
+        t.footnotes.append(f"Our PPL protocol: {', '.join(sorted(protos))} (the paper: sliding window 256, LongLoRA "
+                           "protocol); the two protocols' numbers are not comparable in absolute terms.")
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+def display_label(rs: RowSet, pr, e) -> str:
+    if e is None:
+        return pr["label"]
+    if pr is not None:
+        return pr["label"] + e.suffix
+    return e.label
+
+
+# -- Table 3 / 6: RULER average by length -----------------------------------------------------------------------
+def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    second = is_second(rs, model)
+    ptid = "table6" if second else "table3"
+    paper_c = int(paper.table(ptid).get("native_ctx") or paper.data["controlled_study"]["native_ctx"])
+    extra = set()
+    for e in rs.for_model(model):
+        extra |= entry_factors(rs, e, "ruler", "average")
+    cols = columns_for(paper.table(ptid)["columns"], paper_c, extra)
+    t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER average by evaluation length ({model})",
+              ["Models", "Train Len"] + [c for c, _ in cols], label_cols=2,
+              notes=length_notes(rs, model, paper_c, "Phi-2-base" if second else "LLaMA2-7B"))
+    order = {"frozen": 0, "fine-tuned": 1}
+    items = rows_for(rs, paper, model, ptid)
+    items.sort(key=lambda pe: order["frozen" if (pe[1].frozen if pe[1] else pe[0].get("training") == "frozen")
+                                    else "fine-tuned"])
+    last = None
+    for pr, e in items:
+        cells = []
+        for lab, f in cols:
+            c = Cell(decimals=2)
+            if pr is not None:
+                c.has_paper, c.paper = paper.value(ptid, pr["key"], lab)
+            if e is not None:
+                p = rs.pick(e, "ruler", series_getter("average", f))
+                c.ours = num(p.value)
+                c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": int(round(f * e.native_ctx))}, "task", c.ours) \
+                    if c.ours is not None else None
+            cells.append(c)
+        if e is not None and all(c.ours is None for c in cells) and pr is None:
+            continue
+        grp = "Frozen" if (e.frozen if e else pr.get("training") == "frozen") else "Finetuned"
+        if grp != last:
+            t.sections[len(t.rows)] = grp
+            last = grp
+        tl = paper_len_label(e, paper_c) if e is not None else pr.get("train_len", "")
+        t.add([display_label(rs, pr, e), tl], cells)
+    if t.n_ours() == 0:
+        return None
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+# -- Table 1: overview ------------------------------------------------------------------------------------------
+def _mean_series(m: dict, metric: str, scale: float):
+    s = m.get(metric)
+    if not isinstance(s, dict):
+        return None
+    vals = [num(v) for v in s.values()]
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) * scale if vals else None
+
+
+def _task_mean(m: dict):
+    tasks = m.get("tasks")
+    if not isinstance(tasks, dict):
+        return None
+    vals = [num(v) for v in tasks.values()]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    spec = rs.spec["table1"]
+    cols = paper.table("table1")["columns"]
+    t = Table(f"table1_{model}", f"Table 1: Overview of results across different extension types ({model})",
+              ["Attention Mechanisms", "Training", "Model"] + cols, label_cols=3,
+              notes=length_notes(rs, model, 4096, "LLaMA2-7B") +
+              ["PPL = PG19 perplexity at 8C (paper: 32k); RULER = RULER average at 8C; Needle = NIAH score averaged "
+               "over the evaluated lengths (x100); Mshots = many-shot accuracy averaged over the shot counts; LongB "
+               "= LongBench mean over tasks."])
+    used_passkey = False
+    groups = [("exact", "frozen"), ("exact", "fine-tuned"), ("approximate", "frozen"), ("approximate", "fine-tuned")]
+    items = rows_for(rs, paper, model, "table1")
+    for att, tr in groups:
+        for pr, e in items:
+            if e is not None:
+                if attention(rs, e) != att or ("frozen" if e.frozen else "fine-tuned") != tr:
+                    continue
+            elif (pr["attention"], pr["training"]) != (att, tr):
+                continue
+            cells = []
+            for j, col in enumerate(cols):
+                c = Cell(decimals=paper.decimals("table1", j))
+                if pr is not None:
+                    c.has_paper, c.paper = paper.value("table1", pr["key"], col)
+                if e is not None:
+                    cs = spec[col]
+                    src = cs["source"]
+                    if "at" in cs:
+                        metric = rs.spec["sources"][src]["metric"]
+                        p = rs.pick(e, src, series_getter(metric, float(cs["at"])))
+                        c.ours = num(p.value)
+                        if src == "ruler" and c.ours is not None:
+                            c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": int(cs["at"] * e.native_ctx)}, "task",
+                                          c.ours)
+                    elif cs.get("reduce") == "longbench_average":
+                        p = rs.pick(e, src, lambda m, r: _task_mean(m))
+                        c.ours = num(p.value)
+                        if c.ours is not None:
+                            c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
+                    else:
+                        for s in [src] + ([cs["fallback"]] if cs.get("fallback") else []):
+                            sd = rs.spec["sources"][s]
+                            p = rs.pick(e, s, lambda m, r, sd=sd: _mean_series(m, sd["metric"], sd.get("scale", 1)))
+                            if p.value is not None:
+                                c.ours = num(p.value)
+                                ev = sd.get("evaluator", s)
+                                c.ci = ci_for(rs, p, [ev], ev, {}, "length", c.ours)
+                                used_passkey |= s == "passkey" and col == "Needle"
+                                break
+                cells.append(c)
+            if e is not None and pr is None and all(c.ours is None for c in cells):
+                continue
+            t.add(["Exact Attention" if att == "exact" else "Approxi. Attention",
+                   "Frozen" if tr == "frozen" else "Fine-Tuned", display_label(rs, pr, e)], cells)
+    if t.n_ours() == 0:
+        return None
+    if used_passkey:
+        t.footnotes.append("Needle: passkey retrieval accuracy (averaged over lengths, x100) where NIAH was not run.")
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+# -- Tables with methods as columns: LongBench (11) and RULER subtasks (12-16) ------------------------------------
+def method_columns(rs: RowSet, paper: Paper, model: str, ptid: str, source: str):
+    """[(header, paper_method_key or None, entry or None)] in the paper's column order, then our extra methods
+    (only entries that ran ``source``; a paper column without such an entry is kept, paper numbers only)."""
+    t = paper.table(ptid)
+    ents = [e for e in rs.for_model(model) if any(rs.entry_keys(r, source) for r in e.rows)]
+    out, used = [], set()
+    for lab, key in zip(t["columns"], t["column_keys"]):
+        match = [e for e in ents if e.method == key]
+        if not match:
+            out.append((lab, key, None))
+        for e in match:
+            out.append((lab + e.suffix, key, e))
+            used.add(id(e))
+    for e in ents:
+        if id(e) not in used:
+            out.append((e.label, None, e))
+    return out
+
+
+def _task_value(tasks, aliases):
+    if not isinstance(tasks, dict):
+        return None
+    for a in aliases:
+        if a in tasks:
+            return tasks[a]
+    return None
+
+
+def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    ptid = "table11"
+    cols = method_columns(rs, paper, model, ptid, "longbench")
+    t = Table(f"table11_{model}", f"Table 11 (Table 4): LongBench results ({model})",
+              ["Task", "Avglen"] + [h for h, _, _ in cols], label_cols=2,
+              notes=[f"Ours: {model}; paper: LLaMA2-7B, prompts truncated from the middle to 32k.",
+                     "Cell: ours [bootstrap 95% CI] / paper (ours - paper); \u2014 = no number. Average = mean of "
+                     "the tasks (as the paper's Average: the mean of its 16 tasks)."])
+    aliases = rs.spec.get("longbench_tasks") or {}
+    for pr in paper.table(ptid)["rows"]:
+        cells = []
+        for h, key, e in cols:
+            c = Cell(decimals=2)
+            if key is not None:
+                c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
+            if e is not None:
+                if pr["key"] == "average":
+                    p = rs.pick(e, "longbench", lambda m, r: _task_mean(m))
+                    c.ours = num(p.value)
+                    if c.ours is not None:
+                        c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
+                else:
+                    al = aliases.get(pr["key"], [pr["key"]])
+                    p = rs.pick(e, "longbench", lambda m, r, al=al: num(_task_value(m.get("tasks"), al)))
+                    c.ours = num(p.value)
+                    if c.ours is not None and p.row is not None:
+                        task = next((a for a in al if a in (p.row["metrics"][p.entry_key].get("tasks") or {})), None)
+                        c.ci = ci_for(rs, p, ["longbench"], "longbench", {"task": task}, None, c.ours)
+            cells.append(c)
+        avglen = f"{pr['avglen']:,}" if pr.get("avglen") else ""
+        t.add([pr["label"], avglen], cells)
+    if t.n_ours() == 0:
+        return None
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
+    out = []
+    aliases = rs.spec.get("ruler_tasks") or {}
+    for ptid in ("table12", "table13", "table14", "table15", "table16"):
+        pt = paper.table(ptid)
+        f = int(pt["length"][:-1]) * 1024 / 4096
+        cols = method_columns(rs, paper, model, ptid, "ruler")
+        t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER results on {pt['length']} context length ({model})",
+                  ["Task"] + [h for h, _, _ in cols], label_cols=1,
+                  notes=[f"Ours: {model} at {f:g}C (the paper's {pt['length']} = {f:g} x 4k).",
+                         "Cell: ours [bootstrap 95% CI] / paper (ours - paper); \u2014 = no number."])
+        for pr in pt["rows"]:
+            cells = []
+            for h, key, e in cols:
+                c = Cell(decimals=2)
+                if key is not None:
+                    c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
+                if e is not None and e.native_ctx:
+                    L = int(round(f * e.native_ctx))
+                    if pr["key"] == "average":
+                        p = rs.pick(e, "ruler", series_getter("average", f))
+                        c.ours = num(p.value)
+                        c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": L}, "task", c.ours)
+                    else:
+                        al = aliases.get(pr["key"], [pr["key"]])
+                        p = rs.pick(e, "ruler", lambda m, r, al=al: at_factor(_task_value(m.get("tasks"), al),
+                                                                              native_ctx(r), f))
+                        c.ours = num(p.value)
+                        if c.ours is not None:
+                            task = next((a for a in al if a in (p.row["metrics"][p.entry_key].get("tasks") or {})), None)
+                            c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": L, "task": task}, None, c.ours)
+                cells.append(c)
+            t.add([pr["label"]], cells)
+        if t.n_ours():
+            skipped = set()
+            for h, k, e in cols:
+                for r in (e.rows if e else []):
+                    for ek in rs.entry_keys(r, "ruler"):
+                        skipped |= set((r["metrics"][ek].get("skipped_tasks") or {}).keys())
+            if skipped:
+                t.footnotes.append(f"Tasks not run by us (skipped_tasks): {', '.join(sorted(skipped))}; our Avg. is "
+                                   "the mean over the tasks run.")
+            t.footnotes += rs.footnotes(model)
+            out.append(t)
+    return out
+
+
+# -- Table 9: NTK scale factor sweep ------------------------------------------------------------------------------
+SCALE_KEYS = ("scale", "factor", "alpha", "s", "ntk_factor", "scaling_factor")
+
+
+def _scale(e: Entry):
+    mp = e.method_params
+    for k in SCALE_KEYS:
+        if isinstance(mp.get(k), (int, float)) and not isinstance(mp.get(k), bool):
+            return float(mp[k])
+    return None
+
+
+def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    ents = [e for e in rs.for_model(model) if e.method.startswith("ntk") and _scale(e) is not None]
+    by: dict = {}
+    for e in ents:
+        by.setdefault(e.method, []).append(e)
+    sweeps = {k: v for k, v in by.items() if len({_scale(e) for e in v}) >= 2}
+    if not sweeps:
+        return None
+    pt = paper.table("table9")
+    extra = set()
+    for v in sweeps.values():
+        for e in v:
+            extra |= entry_factors(rs, e, "ppl_pg19", "ppl")
+    cols = columns_for(pt["columns"], 4096, extra)
+    t = Table(f"table9_{model}", f"Table 9: Scale factor vs perplexity on PG19 ({model})",
+              ["Models", "Scale Factor"] + [c for c, _ in cols], label_cols=2,
+              notes=length_notes(rs, model, 4096, "LLaMA2-7B") +
+              ["Paper rows are shown for their own scale factors; ours for ours (a cell pairs them only when the "
+               "scale factors are equal)."])
+    for key in ("ntk_frozen", "ntk_32k", "ntk_64k") + tuple(k for k in sweeps if k not in ("ntk_frozen", "ntk_32k", "ntk_64k")):
+        lines = []
+        for pr in paper.rows("table9", key):
+            lines.append((float(pr["scale"]), pr, None))
+        for e in sweeps.get(key, []):
+            s = _scale(e)
+            hit = [i for i, (sc, pr, ee) in enumerate(lines) if sc == s and ee is None and pr is not None]
+            if hit:
+                lines[hit[0]] = (s, lines[hit[0]][1], e)
+            else:
+                lines.append((s, None, e))
+        if key not in sweeps:
+            continue
+        for s, pr, e in sorted(lines, key=lambda x: x[0]):
+            cells = []
+            for lab, f in cols:
+                c = Cell(decimals=2)
+                if pr is not None:
+                    c.has_paper, c.paper = paper.value("table9", key, lab, scale=pr["scale"])
+                if e is not None:
+                    c.ours = num(rs.pick(e, "ppl_pg19", series_getter("ppl", f)).value)
+                cells.append(c)
+            label = pr["label"] if pr is not None else (rs.spec["methods"].get(key) or {}).get("label", key)
+            t.add([label + ("" if e is not None else " (paper)"), f"{s:g}"], cells)
+    if t.n_ours() == 0:
+        return None
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+# -- Entropy-ABF LongBench-12 and LongRoPE short-context tables ---------------------------------------------------
+def _rows_table(rs: RowSet, paper: Paper, model: str, ptid: str, source: str, alias_key: str, tid: str, title: str,
+                mean_col: str | None, notes: list[str]) -> Table | None:
+    pt = paper.table(ptid)
+    aliases = rs.spec.get(alias_key) or {}
+    keys = pt["column_keys"]
+    t = Table(f"{tid}_{model}", title, ["Model"] + pt["columns"], label_cols=1, notes=notes)
+    items = [(pr, e) for pr, e in rows_for(rs, paper, model, ptid)
+             if e is None or any(rs.entry_keys(r, source) for r in e.rows)]
+    for pr, e in items:
+        cells = []
+        for j, (col, key) in enumerate(zip(pt["columns"], keys)):
+            c = Cell(decimals=paper.decimals(ptid, j))
+            if pr is not None:
+                c.has_paper, c.paper = paper.value(ptid, pr["key"], col)
+                if isinstance(c.paper, str):
+                    c.text, c.has_paper = (c.paper if e is None else None), False
+                    c.paper = None
+            if e is not None:
+                if key == "window":
+                    c.text = f"{e.train_len or e.native_ctx} tok"
+                elif key == mean_col:
+                    ks = [k for k in keys if k not in (mean_col, "window")]
+                    p = rs.pick(e, source, lambda m, r, ks=ks: _mean_present(m.get("tasks"), ks, aliases))
+                    c.ours = num(p.value)
+                else:
+                    al = aliases.get(key, [key])
+                    p = rs.pick(e, source, lambda m, r, al=al: num(_task_value(m.get("tasks"), al)))
+                    c.ours = num(p.value)
+            cells.append(c)
+        if e is not None and pr is None and all(c.ours is None for c in cells):
+            continue
+        t.add([display_label(rs, pr, e)], cells)
+    if t.n_ours() == 0:
+        return None
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+def _mean_present(tasks, keys, aliases):
+    vals = [num(_task_value(tasks, aliases.get(k, [k]))) for k in keys]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def entropy_abf_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    return _rows_table(rs, paper, model, "entropy_abf_longbench12", "longbench12", "longbench_tasks",
+                       "longbench12", f"Entropy-ABF Table 2: LongBench-12 ({model})", "macro",
+                       [f"Ours: {model}; paper: LLaMA-2-7B-Chat fine-tuned on 3.5k ShareGPT conversations (Zhang et "
+                        "al. 2024). Macro = mean of the 12 tasks (of the tasks we ran).",
+                        "Cell: ours / paper (ours - paper); \u2014 = no number."])
+
+
+def longrope_short_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    ptid = "longrope_short_mistral" if "mistral" in model else "longrope_short_llama2"
+    return _rows_table(rs, paper, model, ptid, "short_context", "short_context_tasks", "short_context",
+                       f"LongRoPE Table 8: short-context benchmarks within the original window ({model})", None,
+                       [f"Ours: {model}; paper: {'Mistral-7B' if 'mistral' in ptid else 'LLaMA2-7B'} extensions "
+                        "(Ding et al. 2024), ARC-c 25-shot, HellaSwag 10-shot, MMLU 5-shot, TruthfulQA 0-shot.",
+                        "Cell: ours / paper (ours - paper); \u2014 = no number. Context Window of ours: the training "
+                        "length (frozen: native window) in tokens."])
+
+
+BUILDERS = (table1, ppl_table, ruler_table, longbench_table, table9, entropy_abf_table, longrope_short_table)
+
+
+def build_tables(rs: RowSet, paper: Paper, errors: list | None = None) -> list[Table]:
+    """Every table the rows support. A builder that raises on unexpected row contents is reported (stderr and
+    ``errors``) and skipped, so one malformed row never blocks the other tables."""
+    out = []
+    for model in rs.models():
+        for b in BUILDERS + (ruler_subtask_tables,):
+            try:
+                t = b(rs, paper, model)
+            except Exception as ex:  # noqa: BLE001 - reported, not hidden
+                msg = f"{b.__name__}({model}) failed: {type(ex).__name__}: {ex}"
+                print(f"warning: {msg}", file=sys.stderr)
+                if errors is not None:
+                    errors.append(msg)
+                continue
+            if isinstance(t, list):
+                out += t
+            elif t is not None:
+                out.append(t)
+    return out

@@ -1,0 +1,287 @@
+"""Results rows -> table entries: filtering, matching, labels, lengths as multiples of the native window.
+
+A table entry is one configuration: (model, method, method parameters, train, data, eval protocol), where the eval
+protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries; rows without a PPL entry join
+the entry of the same configuration. Only ``status == "ok"`` rows are used; failed and still-running rows are counted
+for a footnote. When several rows of one entry carry a value for the same cell, the newest (``time_end``, then
+``time_start``, then ``run_id``) is used and the table says so in a footnote.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).parent
+
+
+def load_yaml(path: str | Path) -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=loader)
+
+
+def load_spec(path: str | Path | None = None) -> dict:
+    return load_yaml(path or HERE / "spec.yaml")
+
+
+def kfmt(tokens: float) -> str:
+    """4096 -> '4k', 2048 -> '2k', 512 -> '0.5k' (the paper's column labels; 1k = 1024 tokens)."""
+    k = tokens / 1024
+    if abs(k - round(k)) < 1e-9:
+        return f"{int(round(k))}k"
+    return f"{k:g}k"
+
+
+def num(v):
+    """A finite or NaN float, or None (for missing / non-numeric)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sort_time(row: dict):
+    return (str(row.get("time_end") or ""), str(row.get("time_start") or ""), str(row.get("run_id") or ""))
+
+
+def native_ctx(row: dict) -> int | None:
+    m = ((row.get("config") or {}).get("model") or {})
+    v = m.get("native_ctx")
+    try:
+        return int(v) if v else None
+    except (TypeError, ValueError):
+        return None
+
+
+def train_len(row: dict) -> int | None:
+    """Longest sequence seen in fine-tuning (None when frozen)."""
+    if is_frozen(row):
+        return None
+    t = (row.get("config") or {}).get("train") or {}
+    for k in ("seq_len", "max_seq_len", "train_len"):
+        if t.get(k):
+            try:
+                return int(t[k])
+            except (TypeError, ValueError):
+                pass
+    info = row.get("train_info") or {}
+    return int(info["seq_len"]) if info.get("seq_len") else None
+
+
+def is_frozen(row: dict) -> bool:
+    t = row.get("train")
+    if t in (None, "none"):
+        return True
+    cfg_t = (row.get("config") or {}).get("train") or {}
+    return cfg_t.get("enabled") is False
+
+
+def method_key(row: dict) -> str:
+    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k."""
+    m = row.get("method") or "?"
+    mp = row.get("method_params") or {}
+    if m in ("ntk_dynamic", "ntk"):
+        v = str(mp.get("variant") or "").lower().replace("-", "_")
+        if v in ("ntk_32k", "ntk_64k", "ntk_frozen"):
+            return v
+        if is_frozen(row):
+            return "ntk_frozen"
+        tl, c = train_len(row), native_ctx(row)
+        if tl and c:
+            return f"ntk_{kfmt(4096 * tl / c).lower()}"
+        return "ntk_dynamic"
+    return m
+
+
+def ppl_protocol(row: dict, spec: dict) -> str | None:
+    metrics = row.get("metrics") or {}
+    for src in ("ppl_pg19", "ppl_proofpile"):
+        for e in spec["sources"][src]["entries"]:
+            if isinstance(metrics.get(e), dict) and metrics[e].get("protocol"):
+                return str(metrics[e]["protocol"])
+    return None
+
+
+def _params_str(mp) -> str:
+    return json.dumps(mp or {}, sort_keys=True, default=str)
+
+
+@dataclass
+class Entry:
+    model: str
+    method: str                  # canonical key (paper row key)
+    params: str                  # canonical JSON of method_params
+    train: str
+    data: str
+    protocol: str | None
+    rows: list = field(default_factory=list)   # ok rows, newest first
+    label: str = ""
+    suffix: str = ""                           # what tells it apart from other entries with the same label
+
+    @property
+    def key(self):
+        return (self.model, self.method, self.params, self.train, self.data, self.protocol)
+
+    @property
+    def newest(self) -> dict:
+        return self.rows[0]
+
+    @property
+    def native_ctx(self) -> int | None:
+        return native_ctx(self.newest)
+
+    @property
+    def frozen(self) -> bool:
+        return is_frozen(self.newest)
+
+    @property
+    def train_len(self) -> int | None:
+        return train_len(self.newest)
+
+    @property
+    def method_params(self) -> dict:
+        return json.loads(self.params)
+
+
+@dataclass
+class Pick:
+    """The value of one cell and where it came from."""
+    value: object = None
+    row: dict | None = None
+    entry_key: str | None = None      # suite entry it was read from
+    candidates: int = 0               # rows of the entry that had a value for this cell
+
+
+class RowSet:
+    def __init__(self, rows: list[dict], spec: dict):
+        self.spec = spec
+        self.failed = [r for r in rows if r.get("status") == "failed"]
+        self.running = [r for r in rows if r.get("status") not in ("ok", "failed")]
+        ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
+        groups: dict = {}
+        for r in ok:
+            e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
+                      str(r.get("data")), ppl_protocol(r, spec))
+            groups.setdefault(e.key, e).rows.append(r)
+        # rows without a PPL entry join the (single) entry of the same configuration that has one
+        for k in [k for k in groups if k[5] is None]:
+            partners = [g for g in groups.values() if g.key[:5] == k[:5] and g.protocol is not None]
+            if len(partners) == 1:
+                partners[0].rows = sorted(partners[0].rows + groups.pop(k).rows, key=_sort_time, reverse=True)
+        self.entries: list[Entry] = list(groups.values())
+        self._label()
+        self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
+
+    def _label(self):
+        meths = self.spec.get("methods") or {}
+        for e in self.entries:
+            e.label = (meths.get(e.method) or {}).get("label") or e.method
+        by = {}
+        for e in self.entries:
+            by.setdefault((e.model, e.label), []).append(e)
+        for group in by.values():
+            if len(group) < 2:
+                continue
+            for field_name in ("train", "data", "protocol", "params"):
+                vals = {getattr(e, field_name) for e in group}
+                if len(vals) > 1:
+                    for e in group:
+                        v = getattr(e, field_name)
+                        if field_name == "params":
+                            v = ",".join(f"{k}={x}" for k, x in sorted(e.method_params.items())) or "default"
+                            e.suffix += f" [{v}]"
+                        else:
+                            e.suffix += f" [{'ppl' if field_name == 'protocol' else field_name}={v}]"
+            for e in group:
+                e.label += e.suffix
+
+    def models(self) -> list[str]:
+        return sorted({e.model for e in self.entries})
+
+    def for_model(self, model: str) -> list[Entry]:
+        return [e for e in self.entries if e.model == model]
+
+    # -- reading metrics ---------------------------------------------------------------------------------------
+    def entry_keys(self, row: dict, source: str) -> list[str]:
+        src = self.spec["sources"][source]
+        metrics = row.get("metrics") or {}
+        keys = [k for k in src.get("entries", []) if isinstance(metrics.get(k), dict)]
+        ev = src.get("evaluator")
+        if ev:
+            suite = (((row.get("config") or {}).get("eval") or {}).get("suite") or {})
+            for k, node in suite.items():
+                if isinstance(node, dict) and node.get("name") == ev and k not in keys and isinstance(metrics.get(k), dict):
+                    keys.append(k)
+        return keys
+
+    def pick(self, entry: Entry, source: str, getter) -> Pick:
+        """Newest row of ``entry`` for which ``getter(metrics_of_suite_entry, row)`` gives a value."""
+        out = Pick()
+        for r in entry.rows:
+            for k in self.entry_keys(r, source):
+                try:
+                    v = getter(r["metrics"][k], r)
+                except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                    v = None
+                if v is None:
+                    continue
+                if out.candidates == 0:
+                    out.value, out.row, out.entry_key = v, r, k
+                out.candidates += 1
+                break
+        if out.candidates > 1:
+            note = self.dup_notes.setdefault((entry.model, entry.label), {"used": set(), "rows": 0})
+            note["used"].add(out.row.get("run_id"))
+            note["rows"] = max(note["rows"], len(entry.rows))
+        return out
+
+    def footnotes(self, model: str | None = None) -> list[str]:
+        notes = []
+        for (m, label), n in sorted(self.dup_notes.items()):
+            if model is None or m == model:
+                notes.append(f"{label}: {n['rows']} rows match (model, method, train, data, eval protocol); the newest "
+                             f"with a value is used per cell ({', '.join(sorted(x for x in n['used'] if x))}).")
+        if self.failed:
+            ids = ", ".join(sorted(str(r.get("run_id")) for r in self.failed)[:6])
+            more = "" if len(self.failed) <= 6 else f" and {len(self.failed) - 6} more"
+            notes.append(f"{len(self.failed)} failed run(s) ignored: {ids}{more}.")
+        if self.running:
+            notes.append(f"{len(self.running)} unfinished run(s) (status running) ignored.")
+        return notes
+
+
+def at_factor(series: dict | None, native: int | None, factor: float):
+    """The value of a {length: value} series at length = factor x native (None when absent)."""
+    if not isinstance(series, dict) or not native:
+        return None
+    for L, v in series.items():
+        try:
+            if abs(int(L) / native - factor) < 1e-9:
+                return num(v)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def factors(series: dict | None, native: int | None) -> list[float]:
+    if not isinstance(series, dict) or not native:
+        return []
+    out = []
+    for L in series:
+        try:
+            out.append(int(L) / native)
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+def finite(v) -> bool:
+    return v is not None and isinstance(v, float) and math.isfinite(v)

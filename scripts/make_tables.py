@@ -1,0 +1,40 @@
+"""`make tables`: regenerate results/tables/*.md|.tex and results/figures/*.png|.pdf from results/runs/*.json.
+
+    python scripts/make_tables.py [--results results] [--tables DIR] [--figures DIR] [--no-figures]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(ROOT / "results"), help="results directory (reads <results>/runs/)")
+    ap.add_argument("--tables", default=None, help="output directory for tables (default <results>/tables)")
+    ap.add_argument("--figures", default=None, help="output directory for figures (default <results>/figures)")
+    ap.add_argument("--no-figures", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    from harness.tables import build_all
+
+    out = build_all(a.results, a.tables, a.figures, figures=not a.no_figures)
+    print(f"{out['rows']} rows -> {len(out['tables'])} tables, {len(out['figures'])} figure files "
+          f"in {time.time() - t0:.1f}s")
+    for t in out["tables"]:
+        print(f"  {t.id}")
+    for p in out["figures"]:
+        if p.suffix == ".png":
+            print(f"  {p}")
+    for m in out["errors"]:
+        print(f"NOT BUILT: {m}", file=sys.stderr)
+    return 1 if out["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""torchrun entry point of the DeepSpeed engine: one process per rank.
+
+    torchrun --standalone --nproc_per_node=2 scripts/train_distributed.py <run_dir>/train_job/spec.json
+
+``run.py ... train.engine=deepspeed`` writes the spec (resolved config, fingerprint, checkpoint directory) and
+starts this itself; run it by hand to resume a job or to start it on several nodes (``torchrun --nnodes``).
+Rank 0 writes ``<spec dir>/final/model.safetensors`` (gathered, EMA-averaged weights) and ``final/info.json``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+T0 = time.time()
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    from harness.train.deepspeed_engine import train_rank
+
+    train_rank(argv[0], started=T0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

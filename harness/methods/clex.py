@@ -17,7 +17,7 @@ and outputs as transformers' rotary module), whose ODE parameters live in the mo
 and ``save_pretrained`` stores them (``model.rotary_emb.ode_*``); ``apply`` reloads them from a fine-tuned
 checkpoint. The config's rope type ``clex`` (registered) is plain RoPE, so such a checkpoint still loads anywhere.
 KV cache: the original caches pre-RoPE keys so all keys use the current t; here ``kv_cache: refresh`` re-rotates the
-cached keys when t changes (same result), ``stale`` keeps transformers' behaviour.
+cached keys when t changes (the same keys as a pre-RoPE cache), ``stale`` keeps transformers' behaviour.
 Defaults: paper (controlled study) max factor 32 and SiLU; the CLEX repo defaults to 16 and tanh, param_factor 1,
 time_dt 0.01. The factor is relative to C, so it is unchanged for tiny_llama. The original's time embedding always
 uses base 10000 (``get_time_embedding`` default); here the model's base (identical at initialisation, where the
@@ -185,6 +185,7 @@ class CLEX(Method):
         old = decoder.rotary_emb
         module = CLEXRotaryEmbedding(model.config, handle.native_ctx, a.max_factor, a.param_factor, a.act, a.time_dt)
         module.to(old.inv_freq.device)
+        module.train(old.training)  # a fresh nn.Module is in training mode; the model may already be in eval mode
         decoder.rotary_emb = module
         self.loaded_weights = load_clex_weights(module, handle.info.get("path", ""))
         if a.kv_cache == "refresh":

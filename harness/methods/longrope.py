@@ -7,8 +7,8 @@ Frequencies go through transformers' ``"longrope"`` rope type (``_compute_longro
 implementation): the ``short_factor`` set for sequences of length <= C, ``long_factor`` beyond (strictly > C), one
 attention factor for both. ``switch: false`` gives the original LongRoPE class instead (long factors at every
 length: transformers' type with short := long). The switch is made stateless and KV-cache consistent by
-``rope.make_length_dependent`` (``kv_cache: refresh`` re-rotates cached keys when the set changes, which is what
-Phi-3's ``prepare_inputs_for_generation`` achieves by dropping the cache and re-prefilling).
+``rope.make_length_dependent`` (``kv_cache: refresh`` re-rotates cached keys when the set changes; Phi-3's
+``prepare_inputs_for_generation`` instead drops the cache and re-prefills, which also recomputes deeper layers).
 
 ``n_hat`` (paper: start tokens kept at the original RoPE): a forward hook on the rotary module overwrites the cos/sin
 rows of positions < n_hat with plain RoPE values (no magnitude scale), as the original Mixed class overwrites rows

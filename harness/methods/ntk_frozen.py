@@ -10,8 +10,8 @@ dynamic-NTK formula) made *stateless* by a pre-forward hook on the rotary module
 (``rope.LengthDependentRope``): the frequencies are a function of the current length ``max(position_ids) + 1``
 only. transformers' own ``"dynamic"`` is stateful (after a long input the larger base sticks for any later input
 of length >= C), which would make results depend on evaluation order; Table 8 implies per-length values.
-KV cache (``kv_cache``): ``refresh`` (default) re-rotates cached keys whenever the base changes, so cached
-decoding equals a full recompute; ``stale`` reproduces transformers' stale-key behaviour (issue #25104).
+KV cache (``kv_cache``): ``refresh`` (default) re-rotates cached keys whenever the base changes (every cached key
+carries the current base, as with CLEX's pre-RoPE key cache; see ``rope.CacheRefresh``); ``stale`` reproduces transformers' stale-key behaviour (issue #25104).
 """
 from __future__ import annotations
 

@@ -143,7 +143,10 @@ class CacheRefresh:
     cached keys keep stale rotations (transformers issue #25104). This pair of hooks on the decoder (``model.model``)
     records on the cache object the (inv_freq, attention_scaling) its keys were rotated with; when a later call
     needs different frequencies, every cached key is re-rotated in place (:func:`rerotate_keys`) before the layers
-    run. Result: decoding with the cache equals a full forward over the whole prefix at the new length (tested).
+    run. Result: every cached key carries the current frequencies, which is exactly what CLEX's original obtains by
+    caching pre-RoPE keys. For a one-layer model this equals a full recompute of the prefix at the new length
+    (tested); in deeper layers the cached keys/values of earlier tokens were computed from hidden states produced
+    under the older frequencies, which only a re-prefill would change (Phi-3 drops its cache for that).
     Assumes cached keys sit at positions 0..N-1 (one sequence per row, no left padding), which is how the harness
     evaluators decode. Cost: O(layers x N x d) only on calls whose frequencies differ from the cache's."""
 
@@ -251,8 +254,8 @@ KV_CACHE_MODES = ("refresh", "stale")
 
 def make_length_dependent(model, fn, kv_cache: str = "refresh"):
     """Stateless length-dependent frequencies (:class:`LengthDependentRope`) on every rotary module, plus the KV
-    cache semantics: ``refresh`` re-rotates cached keys when the frequencies change (cached decoding == full
-    recompute), ``stale`` keeps transformers' behaviour (keys keep the rotation they were cached with, #25104).
+    cache semantics: ``refresh`` re-rotates cached keys when the frequencies change (see :class:`CacheRefresh`),
+    ``stale`` keeps transformers' behaviour (keys keep the rotation they were cached with, #25104).
     Returns the CacheRefresh (or None)."""
     if kv_cache not in KV_CACHE_MODES:
         from harness.config import ConfigError

@@ -190,6 +190,19 @@ class PartitionEMA:
             _local(p).copy_(s.to(_local(p).dtype))
 
 
+def _gather_full(p: torch.Tensor, local: torch.Tensor, dev) -> torch.Tensor:
+    """The full tensor of parameter ``p`` from every rank's partition ``local`` (ZeRO-3 partitions are contiguous
+    slices of the flattened parameter, in rank order, padded at the end)."""
+    if getattr(p, "ds_tensor", None) is None:
+        return local
+    import torch.distributed as dist
+
+    flat = local.reshape(-1).to(dev).contiguous()
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, flat)
+    return torch.cat(parts)[: p.ds_numel].view(p.ds_shape)
+
+
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
@@ -311,14 +324,16 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     wall = time.time() - t0
     phase("train")
 
-    # gather the (EMA) weights on rank 0 and write them for a single process
-    if ema is not None:
-        ema.copy_to_params()
+    # gather the (EMA) weights on rank 0: all-gather each parameter's partitions (the EMA shadow or the current
+    # values). Not GatheredParameters: ZeRO-3 keeps small parameters "persistent" (full p.data, below
+    # stage3_param_persistence_threshold), and those would come back as the last iterate instead of the EMA.
+    shadow_of = {id(p): s for p, s in zip(ema.params, ema.shadow)} if ema is not None else {}
     state = {}
     for name, p in engine.module.named_parameters():
-        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-            if rank == 0:
-                state[name] = p.data.detach().to("cpu").clone().contiguous()
+        local = shadow_of.get(id(p))
+        full = _gather_full(p, _local(p).detach() if local is None else local, dev)
+        if rank == 0:
+            state[name] = full.to(dtype=p.dtype, device="cpu").contiguous()
     info = {
         "engine": "deepspeed", "zero_stage": a.zero_stage, "offload": a.offload, "bf16": conf["bf16"]["enabled"],
         "optimizer": "deepspeed AdamW" if "optimizer" in conf else "torch AdamW (client optimizer)",

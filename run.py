@@ -44,11 +44,11 @@ def main(cfg: DictConfig) -> None:
 
 def _sharded(cfg: DictConfig) -> None:
     try:
-        row = shards.run(cfg, log=report.console.print)
+        row = shards.run(cfg, log=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001
         print(f"run failed: {pipeline.one_line(e)}", file=sys.stderr)
         _exit_failed(pipeline.one_line(e))
-    report.console.print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+    print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
 
 
 def _exit_failed(message: str) -> None:

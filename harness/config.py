@@ -28,6 +28,9 @@ def to_args(schema: type[T], node: Any, where: str) -> T:
     node = {k: v for k, v in dict(node).items() if k != "_name_"}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        for k, v in node.items():  # a dict value given in YAML replaces the default dict; merging would keep
+            if isinstance(v, dict) and k in merged and isinstance(merged[k], DictConfig):  # stale default keys
+                merged[k] = v
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         msg = str(e).splitlines()[0]

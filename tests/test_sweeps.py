@@ -141,7 +141,7 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
     bin_dir, capture = tmp_path / "bin", tmp_path / "capture"
     bin_dir.mkdir()
     capture.mkdir()
-    for name, text in (("sbatch", FAKE_SBATCH), ("sacct", FAKE_SACCT)):
+    for name, text in (("sbatch", FAKE_SBATCH), ("sacct", FAKE_SACCT), ("srun", "#!/bin/bash\nexit 1\n")):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CAPTURE=str(capture),
@@ -157,7 +157,7 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
     text = scripts[0].read_text()
     for flag in ("--nodes=1", "--gpus-per-node=8", "--ntasks-per-node=1", "--cpus-per-task=64", "--mem=480GB",
                  "--time=1440", "--partition=a100-part", "--account=acct-42", "--signal=USR2@180",
-                 "--array=0-11%16", "--open-mode=append", "--requeue"):
+                 "--array=0-11%12", "--open-mode=append", "--requeue"):  # submitit caps % at the job count
         assert f"#SBATCH {flag}\n" in text, (flag, text)
     assert text.count("#SBATCH --requeue") == 1
     assert 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text

@@ -185,7 +185,7 @@ class CLEX(Method):
         old = decoder.rotary_emb
         module = CLEXRotaryEmbedding(model.config, handle.native_ctx, a.max_factor, a.param_factor, a.act, a.time_dt)
         module.to(old.inv_freq.device)
-        module.train(old.training)  # a fresh nn.Module is in training mode; the model may already be in eval mode
+        module.train(model.training)  # a fresh nn.Module is in training mode; the model may be in eval mode
         decoder.rotary_emb = module
         self.loaded_weights = load_clex_weights(module, handle.info.get("path", ""))
         if a.kv_cache == "refresh":

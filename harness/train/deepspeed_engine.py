@@ -24,9 +24,9 @@ Optimizer: on GPU, or with offload, DeepSpeed's own AdamW (FusedAdam / DeepSpeed
 
 EMA under ZeRO-3: each rank keeps an fp32 EMA of *its own partition* of every parameter (``param.ds_tensor``), updated
 after every optimizer step; memory is 4 bytes x params / world_size per rank, and no communication is needed. At the
-end the EMA partitions are copied into the parameter partitions and every parameter is gathered
-(``deepspeed.zero.GatheredParameters``) on rank 0, which writes ``final/model.safetensors`` (loadable in a single
-process). With bf16 training the EMA follows the bf16 partitions (not the fp32 master copy) -- a rounding-level
+end every parameter's EMA partitions are all-gathered on rank 0 (not ``GatheredParameters``: ZeRO-3 keeps small
+parameters "persistent" and would hand back their last iterate), which writes ``final/model.safetensors``
+(loadable in a single process). With bf16 training the EMA follows the bf16 partitions (not the fp32 master copy) -- a rounding-level
 difference from an EMA of the master weights. With ZeRO stage 0-2 parameters are not partitioned and the EMA
 covers the full tensors.
 

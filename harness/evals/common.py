@@ -68,34 +68,12 @@ def token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, dtype: str = "a
     return torch.cat(out, dim=1)
 
 
-@torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None,
                     dtype: str = "auto", stop_ids: tuple = ()) -> list[int]:
-    """Greedy decoding with the KV cache for a single prompt [1, L]. Returns the new token ids."""
-    from transformers import DynamicCache
-
-    dev = model_device(model)
-    ids = input_ids.to(dev)
-    cache = DynamicCache()
-    out: list[int] = []
-    stops = set(stop_ids) | ({eos_token_id} if eos_token_id is not None else set())
-    pos = torch.arange(ids.shape[1], device=dev)[None]
-    with autocast(dev, dtype):
-        h = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True, position_ids=pos)
-        logits = model.get_output_embeddings()(h.last_hidden_state[:, -1:])
-    for i in range(max_new_tokens):
-        nxt = int(logits[0, -1].float().argmax())
-        if nxt in stops:
-            break
-        out.append(nxt)
-        if i == max_new_tokens - 1:
-            break
-        p = torch.tensor([[ids.shape[1] + i]], device=dev)
-        with autocast(dev, dtype):
-            h = model.get_decoder()(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=cache,
-                                    use_cache=True, position_ids=p)
-            logits = model.get_output_embeddings()(h.last_hidden_state[:, -1:])
-    return out
+    """Greedy decoding with the KV cache for a single prompt [1, L]. Returns the new token ids.
+    (A ``PrefixCache`` without prefix reuse: one decoding loop serves both.)"""
+    stops = tuple(stop_ids) + ((eos_token_id,) if eos_token_id is not None else ())
+    return PrefixCache(model, dtype, enabled=False).generate(input_ids[0].tolist(), max_new_tokens, stop_ids=stops)
 
 
 class PrefixCache:

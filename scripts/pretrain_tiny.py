@@ -167,6 +167,8 @@ def pretrain(args):
     def lr_at(step):
         if step < args.warmup:
             return (step + 1) / args.warmup
+        if args.schedule == "constant":
+            return 1.0
         p = (step - args.warmup) / max(1, args.steps - args.warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p))
 
@@ -196,8 +198,9 @@ def pretrain(args):
         "stages": (previous.get("stages") or [previous]) + [None] if previous else [None],
         "natural_share": args.natural_share, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
         "steps": args.steps, "batch": args.batch, "seq_len": SEQ, "tokens": args.steps * args.batch * SEQ,
-        "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "rope_theta": args.rope_theta,
+        "lr": args.lr, "warmup": args.warmup, "schedule": args.schedule, "seed": args.seed, "rope_theta": args.rope_theta,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
+        "command": "python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:]),
         "params": sum(p.numel() for p in model.parameters()),
     }
     stats["stages"][-1] = {k: v for k, v in stats.items() if k != "stages"}
@@ -240,11 +243,13 @@ def write_card(out: Path, gate_res: dict):
         f"AdamW lr {stats['lr']}, warm-up {stats['warmup']}, cosine to 10%, autocast (bf16 where the CPU has it, else fp32), seed {stats['seed']} |",
         f"| final training loss | {stats['final_loss']:.3f} |",
         *[f"| stage {i + 1} | {st['steps']} steps x {st['batch']} x {st['seq_len']}, lr {st['lr']}, natural-text share "
-          f"{st.get('natural_share', 0.45)}, synthetic kinds {st.get('kind_weights', 'default')}, final loss "
+          f"{st.get('natural_share', 0.45)}, synthetic kinds {st.get('kind_weights', 'default')}, "
+          f"schedule {st.get('schedule', 'cosine')}, final loss "
           f"{st['final_loss']:.3f}, {st['wall_seconds']} s |" for i, st in enumerate(stats.get("stages") or [])],
         f"| wall time | {stats['wall_seconds']} s on 2 CPU cores |",
-        "| data | ~45% natural text (train split: Shakespeare plays, CPython stdlib), ~55% synthetic retrieval "
-        "documents with varied wording/separators/fillers; no evaluation template verbatim |",
+        "| data | natural text (train split: Shakespeare plays, CPython stdlib) and synthetic documents "
+        "(`harness/data/synthetic.py`: retrieval, key-value, recall, repeated spans, cued retrieval) with varied "
+        "wording/separators/fillers, shares per stage above; no evaluation template verbatim |",
         "",
         "## Gate: passkey retrieval with plain RoPE (Mohtashami & Jaggi template, never seen in training)",
         "",
@@ -274,6 +279,8 @@ def main():
     ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")
     ap.add_argument("--copy-warmup", type=int, default=0, help="first N steps on repeated random spans (induction)")
     ap.add_argument("--init-from", default="", help="continue pretraining from this model dir (stage 2)")
+    ap.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
+                    help="after warm-up: cosine to 10%% of lr, or constant")
     ap.add_argument("--natural-share", type=float, default=0.45, help="share of sequences' documents that are natural text")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

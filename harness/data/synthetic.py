@@ -10,7 +10,12 @@ Document kinds:
 - ``retrieval``: filler with one key/value statement at a random depth, optional distractor statements with other
   key names, a question about the key at the end and the value as answer;
 - ``kv``: a list of key/value pairs (word or number keys), then a query for one key and its value;
-- ``recall``: a word or code phrase to remember, filler, then a request to repeat it.
+- ``recall``: a word or code phrase to remember, filler, then a request to repeat it;
+- ``cued``: like ``retrieval``, but the question ends with the same cue phrase that introduced the value (the cue's
+  wording varies per document: "the vault code is", "Serial number:", "[token]", ...), as a repeated phrase in a
+  natural document continues the same way. Its answer is reachable by in-context copying (an induction head), the
+  ability passkey / NIAH / RULER measure. Measured here: continuing the 3-stage model on these documents, passkey
+  accuracy at C went 0.00 -> 0.30 between steps 400 and 700 while the other kinds had given 0.00 in 3,200 steps.
 """
 from __future__ import annotations
 
@@ -208,8 +213,43 @@ def _repeat(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     return span + sep + (" ".join(gap) + sep if gap else "") + sep.join([span] * reps)
 
 
-KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat}
-KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}
+CUES = ["the {k} is", "{K}:", "{k} =", "my {k} is", "{K} ->", "the {k} you need is", "[{k}]", "your {k}:",
+        "The {k} is", "{K} is", "the {k} was", "{k}:", "the {k} equals"]
+CUE_ENDS = [".", "", ";", ". Keep it.", ". Do not lose it.", ".", " (note this)", "!"]
+CUE_LEADS = ["", "Question: ", "Now recall. ", "What was it? ", "Q: ", "So ", "Quiz time. ", "Tell me: ", "Answer: ",
+             "Once more, ", "Recall: "]
+
+
+def _cued(rng, filler: FillerFactory, budget: int, count: Counter, distract_p: float = 0.3) -> str:
+    k = rng.choice(KEY_NAMES)
+    v = _value(rng) if rng.random() < 0.3 else str(rng.randint(10, 10 ** rng.randint(2, 7)))
+    cue = rng.choice(CUES).format(k=k, K=_cap(k))
+    info = f"{cue} {v}{rng.choice(CUE_ENDS)}"
+    if rng.random() < 0.3:
+        info += f" {v} is the {k}." if rng.random() < 0.5 else f" Again, {cue} {v}."
+    q = rng.choice(CUE_LEADS) + cue
+    sep = rng.choice(SEPARATORS)
+    intro = rng.choice(INTROS)
+    distract = []
+    if rng.random() < distract_p:  # other keys with their own cues: the cue must be matched, not just "a number"
+        for _ in range(rng.randint(1, 3)):
+            k2 = rng.choice([n for n in KEY_NAMES if n != k])
+            distract.append(rng.choice(CUES).format(k=k2, K=_cap(k2)) + f" {_value(rng)}{rng.choice(CUE_ENDS)}")
+    room = budget - count(sep.join([intro, info, q] + distract)) - count(v) - 3
+    body, used = [], 0
+    for p in filler.pieces(rng, 400) if room > 0 else []:
+        c = count(p) + 1
+        if used + c > room:
+            break
+        body.append(p)
+        used += c
+    for line in [info] + distract:
+        body.insert(rng.randint(0, len(body)), line)
+    return sep.join(([intro] if intro else []) + body + [q]) + " " + v
+
+
+KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat, "cued": _cued}
+KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}  # ``cued``: pretraining stages only
 
 
 def set_kind_weights(**weights: float) -> None:

@@ -275,3 +275,156 @@ def test_yarn_frequency_seed_equals_transformers_yarn():
     inv, _ = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
     theta = 1.0 / (b ** (np.arange(0, d, 2) / d))
     np.testing.assert_allclose(theta / inv.double().numpy(), cd.yarn_frequency_factors(d, s, b, C), rtol=1e-5)
+
+
+# -- resumability: a search killed mid-run continues where it stopped and ends where an uninterrupted one ends ----
+class _Killed(KeyboardInterrupt):
+    pass
+
+
+def _small_search(tok, algo="longrope", **kw):
+    C, target = 64, 160
+    model = random_llama(vocab=len(tok), hidden=64, heads=4, ctx=C, seed=4, theta=1000.0)
+    a = SearchArgs(name="t", algorithm=algo, population=4, mutations=2, crossovers=2, parents=3, iterations=3,
+                   samples=1, batch=1, fitness="needle" if algo == "longrope2" else "ppl",
+                   critical_dim="search" if algo == "longrope2" else "none",
+                   n_hat_grid=[0, 2] if algo == "longrope" else [0], **kw)
+    return model, a, C, target
+
+
+def test_interrupted_search_resumes_to_the_same_result(tmp_path, tok, monkeypatch):
+    from harness.search import fitness as fitness_mod
+
+    model, a, C, target = _small_search(tok)
+    ref, ref_info = run_search(model, tok, a, C, target, tmp_path / "ref.json", seed=0, model_name="random",
+                               dtype="float32", log=lambda m: None)
+    assert [p["iteration"] for p in ref_info["progress"]] == [0, 1, 2, 3]
+    assert ref_info["resumes"] == 0 and ref_info["this_session"]["fitness_rows"] == ref_info["evaluations"]
+    # second run: killed during the 3rd generation (init + 1 iteration saved)
+    real_call, calls = fitness_mod.Fitness.__call__, [0]
+
+    def dying(self, cands):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise _Killed()
+        return real_call(self, cands)
+
+    monkeypatch.setattr(fitness_mod.Fitness, "__call__", dying)
+    state = tmp_path / "state.json"
+    with pytest.raises(_Killed):
+        run_search(model, tok, a, C, target, state, seed=0, model_name="random", dtype="float32", log=lambda m: None)
+    saved = json.loads(state.read_text())
+    assert saved["evolution"]["iteration"] == 1 and [p["iteration"] for p in saved["progress"]] == [0, 1]
+    monkeypatch.setattr(fitness_mod.Fitness, "__call__", real_call)
+    logs = []
+    got, info = run_search(model, tok, a, C, target, state, seed=0, model_name="random", dtype="float32",
+                           log=logs.append)
+    assert any("resumed" in m and "iteration 1" in m for m in logs)
+    assert info["resumes"] == 1 and info["this_session"]["fitness_rows"] == info["evaluations"] - 8
+    assert info["fitness_curve"] == ref_info["fitness_curve"]
+    assert got["long_factor"] == ref["long_factor"] and got["n_hat"] == ref["n_hat"]
+    assert [p["iteration"] for p in info["progress"]] == [0, 1, 2, 3]
+    # a state scored on other weights is not resumed
+    logs.clear()
+    run_search(model, tok, a, C, target, state, seed=0, model_name="random", dtype="float32", log=logs.append,
+               weights="other")
+    assert any("starting over" in m for m in logs)
+
+
+def test_time_budget_stops_cleanly_after_the_initial_population(tmp_path, tok):
+    model, a, C, target = _small_search(tok, time_budget_s=1e-3)
+    fac, info = run_search(model, tok, a, C, target, tmp_path / "s.json", seed=0, model_name="random",
+                           dtype="float32", log=lambda m: None)
+    assert info["iterations"] == 0 and info["stopped"].startswith("time budget")
+    assert len(info["fitness_curve"]) == 1 and len(fac["long_factor"]) == 8
+
+
+def test_fitness_windows_are_held_out_from_the_ppl_evaluator(tok):
+    from harness.evals.ppl import load_documents
+    from harness.search.fitness import long_documents, needle_documents
+
+    L = 300
+    doc = tok(load_documents("shakespeare", "test")[0].text, add_special_tokens=False).input_ids
+    w0 = long_documents(tok, "shakespeare", "test", 1, L)[0].tolist()
+    w2 = long_documents(tok, "shakespeare", "test", 1, L, offset_windows=2)[0].tolist()
+    assert w0[1:] == doc[: L - 1]  # the ppl evaluator's window [BOS] + doc[:L-1]
+    assert w2[1:] == doc[2 * (L - 1) : 3 * (L - 1)]
+    import random
+
+    ids, mask = needle_documents(tok, "shakespeare", "test", 1, L, offset_windows=2)
+    ref, ref_mask, _ = needle_document(tok, doc[2 * (L - 1):], L, random.Random(f"needle-0-{L}"), 1)
+    assert ids[0].tolist() == ref and mask[0].tolist() == ref_mask
+
+
+# -- the methods load a search's output ---------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["longrope", "longrope2"])
+def test_method_loads_search_output_and_reproduces_its_fitness(tmp_path, tok, algo):
+    from harness.methods import build_method
+    from harness.models import ModelHandle
+    from harness.search.fitness import long_documents
+
+    model, a, C, target = _small_search(tok, algo)
+    a.iterations, a.fitness = 1, "ppl"
+    fac, info = run_search(model, tok, a, C, target, tmp_path / "s.json", seed=0, model_name="random",
+                           dtype="float32", log=lambda m: None)
+    path = tmp_path / "factors.json"
+    path.write_text(json.dumps(fac))
+    meth = build_method({"name": algo, "factors": str(path)})
+    meth.apply(ModelHandle(model, tok, "random", C, {}))
+    ids = long_documents(tok, a.dataset, a.split, 1, target)
+    got = ppl_with_current_rope(model, ids, dtype="float32")
+    assert got == pytest.approx(info["best_fitness"], rel=1e-4)
+
+
+def test_progressive_lineage_accepts_factors_searched_on_the_checkpoint(tmp_path):
+    from harness.config import ConfigError
+    from harness.methods import build_method, check_checkpoint_method, save_method
+
+    d_half = 32
+
+    def factors(name, model_path):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"short_factor": [1.0] * d_half, "long_factor": [2.0] * d_half,
+                                 "original_max_position_embeddings": 256, "max_position_embeddings": 512 * len(name),
+                                 "provenance": {"model_path": model_path}}))
+        return str(p)
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for algo in ("longrope", "longrope2"):
+        save_method(ckpt, build_method({"name": algo, "factors": factors("f1", "")}))
+        check_checkpoint_method(ckpt, build_method({"name": algo, "factors": factors("f22", str(ckpt))}))
+        with pytest.raises(ConfigError):  # searched on another model
+            check_checkpoint_method(ckpt, build_method({"name": algo, "factors": factors("f22", str(tmp_path))}))
+        with pytest.raises(ConfigError):  # another parameter differs too
+            other = {"name": algo, "factors": factors("f22", str(ckpt)), "kv_cache": "stale"}
+            check_checkpoint_method(ckpt, build_method(other))
+    with pytest.raises(ConfigError):  # another method
+        check_checkpoint_method(ckpt, build_method({"name": "pi", "scale": 8}))
+
+
+def test_progressive_plan_chains_search_finetune_search():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("progressive_rope",
+                                                  Path(__file__).resolve().parents[1] / "scripts/progressive_rope.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    opts, extra = mod.parse(["stages=1024,2048,4096", "search=longrope2_tiny", "tag=t", "train.tokens=4096",
+                             "search.iterations=2", "seed=1"])
+    steps = mod.plan(opts, extra)
+    assert [s["name"] for s in steps] == ["search_stage1", "finetune_stage1", "search_stage2", "finetune_stage2",
+                                          "search_stage3", "final_eval"]
+    cmd = {s["name"]: " ".join(s["cmd"]) for s in steps}
+    assert "target_length=1024" in cmd["search_stage1"] and "init_factors" not in cmd["search_stage1"]
+    assert "method=longrope2" in cmd["finetune_stage1"] and "train.seq_len=1024" in cmd["finetune_stage1"]
+    assert "train.tokens=4096" in cmd["finetune_stage1"] and "search.iterations=2" not in cmd["finetune_stage1"]
+    assert "model.path=outputs/progressive/t/finetune_stage1/checkpoint" in cmd["search_stage2"]
+    assert "search.init_factors=results/factors/progressive_t/t_stage1_1024.json" in cmd["search_stage2"]
+    assert "model.path=outputs/progressive/t/finetune_stage1/checkpoint" in cmd["finetune_stage2"]
+    assert "model.path=outputs/progressive/t/finetune_stage2/checkpoint" in cmd["final_eval"]
+    assert "method.factors=results/factors/progressive_t/t_stage3_4096.json" in cmd["final_eval"]
+    assert all("seed=1" in c for c in cmd.values())
+    with pytest.raises(SystemExit):
+        mod.plan(*mod.parse(["stages=2048"]))

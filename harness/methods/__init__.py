@@ -9,7 +9,8 @@ A method is a small object with five hooks (all optional but ``apply``), called 
 - ``max_length(handle)``: the longest evaluation length the method supports (None = unbounded); evaluators report
   longer lengths as skipped.
 - ``params()``: the method's parameters; saved beside every checkpoint it produces (``method.json``) and checked
-  when a checkpoint is loaded, so a checkpoint is never evaluated under a different method.
+  when a checkpoint is loaded, so a checkpoint is never evaluated under a different method (the one exception,
+  ``accepts_checkpoint``: LongRoPE's progressive extension uses a checkpoint with factors searched on it).
 
 Methods receive plain arguments from their ``Args`` dataclass (validated against the YAML), never a DictConfig.
 """
@@ -62,6 +63,12 @@ class Method:
     def params(self) -> dict:
         return dataclasses.asdict(self.args)
 
+    def accepts_checkpoint(self, saved: dict, directory: str | Path) -> bool:
+        """May a checkpoint trained with parameters ``saved`` (different from ``params()``) be used anyway? No, by
+        default. LongRoPE / LongRoPE2 accept their own checkpoints under factors searched *on that checkpoint*
+        (progressive extension: search -> fine-tune -> search again)."""
+        return False
+
 
 def build_method(cfg) -> Method:
     name = cfg.get("name") if hasattr(cfg, "get") else None
@@ -85,7 +92,7 @@ def check_checkpoint_method(directory: str | Path, method: Method) -> None:
         return  # a pretrained (not fine-tuned) model: any method may be applied
     saved = json.loads(f.read_text())
     now = json.loads(json.dumps(method.params(), sort_keys=True))
-    if saved != now:
+    if saved != now and not method.accepts_checkpoint(saved, directory):
         diff = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
         raise ConfigError(f"checkpoint {directory} was trained with method {saved.get('name')!r}; "
                           f"it does not match method {now.get('name')!r}: {diff}")

@@ -68,6 +68,23 @@ def factors_digest(path: str | Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else ""
 
 
+def progressive_lineage(saved: dict, now: dict, factors: str, directory) -> bool:
+    """True when a checkpoint fine-tuned with this method (``saved`` = its method.json) may be used with the
+    factors file ``factors`` although the parameters differ: same method, only the factors differ, and the new
+    factors were searched on this very checkpoint (their ``provenance.model_path`` is ``directory``). This is
+    LongRoPE's progressive extension (fine-tuned model -> secondary search -> evaluate / fine-tune again); any other
+    difference is still refused."""
+    diff = {k for k in set(saved) | set(now) if saved.get(k) != now.get(k)}
+    if saved.get("name") != now.get("name") or not diff <= {"factors", "factors_sha256"} or not factors:
+        return False
+    try:
+        prov = json.loads(Path(factors).read_text()).get("provenance") or {}
+    except (OSError, ValueError):
+        return False
+    src = prov.get("model_path") or ""
+    return bool(src) and Path(src).resolve() == Path(directory).resolve()
+
+
 def su_mscale(scale: float, original: int) -> float:
     """The "su" magnitude scale sqrt(1 + ln s / ln C) (1 if s <= 1)."""
     return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
@@ -131,3 +148,7 @@ class LongRoPE(Method):
 
     def params(self) -> dict:
         return {**super().params(), "factors_sha256": factors_digest(self.args.factors)}
+
+    def accepts_checkpoint(self, saved: dict, directory) -> bool:
+        return progressive_lineage(saved, json.loads(json.dumps(self.params(), sort_keys=True)), self.args.factors,
+                                   directory)

@@ -21,6 +21,7 @@ not specified as a fraction; 0.5 is our default. Tiny analogue: C = 256, target 
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ import torch
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.longrope import factors_digest, load_factors
+from harness.methods.longrope import factors_digest, load_factors, progressive_lineage
 from harness.methods.rope import (default_inv_freq, make_length_dependent, register_rope_type, rope_dims,
                                   set_rope_parameters)
 
@@ -100,3 +101,7 @@ class LongRoPE2(Method):
 
     def params(self) -> dict:
         return {**super().params(), "factors_sha256": factors_digest(self.args.factors)}
+
+    def accepts_checkpoint(self, saved: dict, directory) -> bool:
+        return progressive_lineage(saved, json.loads(json.dumps(self.params(), sort_keys=True)), self.args.factors,
+                                   directory)

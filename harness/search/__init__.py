@@ -49,6 +49,10 @@ class SearchArgs:
     dataset: str = "shakespeare"  # text source or dir:<path> (PG19 on a cluster)
     split: str = "test"
     samples: int = 5  # documents (LongRoPE: 5 PG19 validation samples)
+    # fitness windows start at token offset_windows * (L - 1) of each document (needle documents: their haystack).
+    # 0 = the document start (LongRoPE's --truncate on PG19 *validation*); the tiny configs search on the test
+    # split the ppl evaluator scores from token 0, so they use 2: disjoint from the evaluator's and verify's windows
+    offset_windows: int = 0
     needles: int = 1  # needles per needle document
     batch: int = 4  # (candidate, document) rows per forward
     chunk: int = 1024
@@ -156,8 +160,13 @@ def factors_file(a: SearchArgs, best: Candidate, fitness: float, C: int, target:
 
 
 def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str | Path, seed: int = 0,
-               model_name: str = "", resume: bool = True, log=print, dtype: str = "auto") -> tuple[dict, dict]:
-    """Run (or resume) a search; returns (factors dict, info dict with the fitness curve and timings)."""
+               model_name: str = "", resume: bool = True, log=print, dtype: str = "auto",
+               weights: str = "") -> tuple[dict, dict]:
+    """Run (or resume) a search; returns (factors dict, info dict with the fitness curve and timings).
+
+    A state file is resumed only when it belongs to the same search: same arguments (except ``iterations`` and
+    ``time_budget_s``, which may grow), target, seed, model and ``weights`` (a digest of the weights, so a state
+    scored on replaced weights or on another checkpoint is never mixed in)."""
     from harness.methods.rope import rope_base
     from harness.models import rotary_dim
     from harness.search.fitness import Fitness, long_documents, needle_documents
@@ -170,34 +179,51 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
     space = build_space(a, d, base, C, s)
     scale = cd.mscale_of(a.mscale, s, C)
     if a.fitness == "ppl":
-        ids, mask = long_documents(tok, a.dataset, a.split, a.samples, target), None
+        ids, mask = long_documents(tok, a.dataset, a.split, a.samples, target, a.offset_windows), None
     else:
-        ids, mask = needle_documents(tok, a.dataset, a.split, a.samples, target, seed, a.needles)
+        ids, mask = needle_documents(tok, a.dataset, a.split, a.samples, target, seed, a.needles,
+                                     offset_windows=a.offset_windows)
     fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype)
     evo = Evolution(space, a.population, a.mutations, a.crossovers, a.parents, a.mutation_prob, a.crossover_prob,
                     a.max_crossover_tries, seed)
     resumable = {k: v for k, v in asdict(a).items() if k not in ("iterations", "time_budget_s")}  # may grow
     fingerprint = config_hash({"args": resumable, "C": C, "target": target, "seed": seed, "model": model_name,
-                               "d": d, "base": base})
+                               "d": d, "base": base, **({"weights": weights} if weights else {})})
     state_path = Path(state_path)
     t0, elapsed0 = time.time(), 0.0
+    # one entry per generation (0 = the initial population): best fitness, evaluations, cumulative wall time
+    progress: list[dict] = []
+    resumes = 0
     if resume and state_path.exists():
         st = json.loads(state_path.read_text())
         if st.get("fingerprint") == fingerprint:
             evo.load_state(st["evolution"])
             elapsed0 = float(st.get("elapsed_s", 0.0))
-            log(f"resumed {state_path} at iteration {evo.iteration} ({evo.evaluations} evaluations)")
+            progress = list(st.get("progress", []))
+            resumes = int(st.get("resumes", 0)) + 1
+            log(f"resumed {state_path} at iteration {evo.iteration} ({evo.evaluations} evaluations, "
+                f"{elapsed0:.0f}s so far)")
         else:
             log(f"state {state_path} belongs to another search (fingerprint differs); starting over")
 
     def save():
-        atomic_write_json(state_path, {"fingerprint": fingerprint, "elapsed_s": elapsed0 + time.time() - t0,
-                                       "evolution": evo.state()})
+        elapsed = elapsed0 + time.time() - t0
+        progress.append({"iteration": evo.iteration, "best": evo.best()[0], "evaluations": evo.evaluations,
+                         "elapsed_s": round(elapsed, 1)})
+        atomic_write_json(state_path, {"fingerprint": fingerprint, "elapsed_s": elapsed, "progress": progress,
+                                       "resumes": resumes, "evolution": evo.state()})
 
     last_iter = [0.0]
 
-    def over_budget():  # stop before an iteration that would end past the budget (last iteration's duration)
-        return a.time_budget_s > 0 and elapsed0 + time.time() - t0 + last_iter[0] > a.time_budget_s
+    def over_budget():
+        """Stop before an iteration that would end past the budget. Its duration is estimated from the previous
+        iteration, or before the first one from the measured cost of a fitness row."""
+        if a.time_budget_s <= 0:
+            return False
+        est = last_iter[0]
+        if not est and fit.rows:
+            est = fit.seconds / fit.rows * (a.mutations + a.crossovers) * int(ids.shape[0])
+        return elapsed0 + time.time() - t0 + est > a.time_budget_s
 
     if not evo.scored:
         seeds = seed_candidates(a, space, d, base, C, s, seed)
@@ -221,12 +247,17 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
     k_tcd = cd.critical_pair(d, base, C)
     provenance = {"model": model_name, "target": target, "native_ctx": C, "scale": s, "seed": seed,
                   "search_config": asdict(a), "fitness_history": evo.curve, "evaluations": evo.evaluations,
-                  "iterations": evo.iteration, "rotary_dim": d, "rope_theta": base,
+                  "iterations": evo.iteration, "progress": progress, "rotary_dim": d, "rope_theta": base,
                   "theoretical_critical_dim": 2 * k_tcd, "mscale_policy": a.mscale, "elapsed_s": round(elapsed, 1),
                   "stopped": stopped, "fitness_metric": "needle_ppl" if a.fitness == "needle" else "ppl"}
     factors = factors_file(a, best, best_fit, C, target, scale, provenance)
     info = {"fitness_curve": evo.curve, "best_fitness": best_fit, "evaluations": evo.evaluations,
             "iterations": evo.iteration, "elapsed_s": round(elapsed, 1), "stopped": stopped,
+            "progress": progress, "resumes": resumes,
+            "this_session": {"seconds": round(time.time() - t0, 1), "fitness_rows": fit.rows,
+                             "fitness_seconds": round(fit.seconds, 1),
+                             "seconds_per_row": round(fit.seconds / fit.rows, 2) if fit.rows else None,
+                             "tokens_per_row": int(ids.shape[1])},
             "critical_dim": {"theoretical": 2 * k_tcd, "used": 2 * int(best.k),
                              "searched": bool(space.search_k)} if a.algorithm == "longrope2" else None,
             "n_hat": int(best.n_hat), "fitness_tokens": int(mask[:, 1:].sum()) if mask is not None

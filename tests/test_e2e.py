@@ -21,7 +21,7 @@ def _run(args, tmp_path, timeout=900):
 
 
 def test_shipped_tiny_model_card_reports_its_gate_honestly():
-    """The card's verdict must follow from the measured numbers (the gate is currently NOT met: see the card)."""
+    """The card's verdict must follow from the measured numbers (gate: passkey >= 0.9 at <= C, <= 0.2 at 4C)."""
     d = ROOT / "harness" / "assets" / "tiny_llama"
     assert (d / "model.safetensors").stat().st_size < 25 * 2**20
     gate = json.loads((d / "gate.json").read_text())
@@ -30,6 +30,17 @@ def test_shipped_tiny_model_card_reports_its_gate_honestly():
     assert gate["passed"] == passed
     card = (d / "README.md").read_text()
     assert ("**passed**" in card) == passed and ("NOT passed" in card) == (not passed)
+
+
+def test_shipped_tiny_model_retrieves_within_its_window_and_not_beyond():
+    """The shipped weights do what the card says, re-measured here on fresh prompts (other seed than the card's):
+    plain-RoPE passkey retrieval works at C and collapses at 4C, the failure the extension methods exist to fix."""
+    from harness.evals.passkey import passkey_accuracy
+    from harness.models import load_model
+
+    handle = load_model("tiny_llama")
+    assert passkey_accuracy(handle.model, handle.tokenizer, 256, n_samples=20, seed=7) >= 0.8
+    assert passkey_accuracy(handle.model, handle.tokenizer, 1024, n_samples=10, seed=7) <= 0.2
 
 
 def test_e2e_pi_finetune_then_evaluate(tmp_path):

@@ -40,8 +40,16 @@ bench: setup ## speed/memory benchmarks -> results/bench.json
 tables: setup ## regenerate the paper's tables and figures from results/runs/
 	$(PY) scripts/make_tables.py
 
-tiny-model: setup ## re-pretrain the shipped tiny_llama (~25 min on 2 cores)
-	$(PY) scripts/pretrain_tiny.py
+TINY := harness/assets/tiny_llama
+tiny-model: setup ## re-pretrain the shipped tiny_llama: 5 stages, ~90 min on 2 cores (see its model card)
+	$(PY) scripts/pretrain_tiny.py --out .cache/tiny/s1 --steps 1400 --lr 2e-3 --natural-share 0.45
+	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s1 --out .cache/tiny/s2 --steps 1200 --lr 1.5e-3 --natural-share 0.3
+	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s2 --out .cache/tiny/s3 --steps 600 --lr 1.5e-3 --natural-share 0.2 \
+		--kind-weights repeat=0.45,retrieval=0.25,kv=0.2,recall=0.1
+	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s3 --out .cache/tiny/s4 --steps 1100 --lr 1e-3 --warmup 30 \
+		--natural-share 0 --kind-weights cued=1 --schedule constant --gate-samples 20
+	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s4 --out $(TINY) --steps 500 --lr 1e-3 --warmup 10 \
+		--natural-share 0.25 --kind-weights cued=0.7,repeat=0.15,retrieval=0.05,kv=0.05,recall=0.05
 
 clean: ## remove run outputs and caches (keeps results/)
 	rm -rf outputs .cache

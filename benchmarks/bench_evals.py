@@ -1,28 +1,50 @@
-"""Intrinsic evaluators (issue 6): PPL-evaluator throughput vs the model's raw forward, RULER generation time, and
-the wall/CPU time of every entry of the tiny default suite.
+"""Intrinsic evaluators (issue 6): PPL-evaluator throughput vs the model's raw forward, peak RSS of a 16k-token
+SmolLM2 PPL pass, RULER generation time.
 
-- ``ppl_vs_forward``: tokens/s of the ``ppl`` evaluator (YaRN truncated protocol, one document) vs a plain
-  ``model(input_ids)`` forward of the same length, on tiny_llama at 1k..16k (target ratio >= 0.9).
-  ``BENCH_SMOLLM2=1`` adds SmolLM2-135M at 8k and the peak RSS of a 16k-token SmolLM2 PPL pass (slow here).
+- ``ppl_vs_forward_tiny_llama`` (1k..16k) and ``ppl_vs_forward_smollm2_135m`` (8k): tokens/s of the ``ppl``
+  evaluator (``Perplexity.run`` on one document of the length, i.e. reading and tokenising it, the chunked NLL and
+  the per-window records included) vs a plain ``model(input_ids)`` forward of the same L tokens (full logits, no
+  loss, ``torch.inference_mode``), model as loaded (``base``: plain RoPE, so every length runs). Both protocols:
+  ``yarn`` (one truncated window ``[BOS] + doc[:L-1]``) and ``longlora`` (one window of L tokens,
+  ``max_windows: 1``); SmolLM2 runs ``yarn`` only (each pass takes minutes here). ``ratio`` = evaluator tokens/s /
+  forward tokens/s (target >= 0.9), from the medians of interleaved repeats (forward, yarn, longlora, forward, ...);
+  process-CPU medians are reported beside the wall ones (they are the steadier number on a loaded machine).
+- ``smollm2_16k_ppl_rss``: a fresh subprocess loads SmolLM2 and runs the ``ppl`` evaluator at 16384 tokens;
+  ``ru_maxrss`` at the end (load + pass, the whole process), RSS after loading, and the pass's own peak (VmHWM reset
+  through ``/proc/self/clear_refs`` after loading). Target: well under 8 GiB.
 - ``ruler_generation``: 13 tasks x 100 samples x {512, 1024, 2048, 4096} with the tiny tokenizer and the tiny
-  suite's RULER settings (qa_1/qa_2 from a small hand-made SQuAD/HotpotQA-format file; target <= 60 s).
-- ``tiny_suite``: every entry of ``conf/eval/tiny.yaml`` on tiny_llama (frozen, no method), wall and process CPU s.
-Wall times depend on the load of the machine; process CPU seconds are reported beside them.
+  suite's RULER settings (qa_1/qa_2 from a small hand-made SQuAD/HotpotQA-format file of short paragraphs, so every
+  task fits from 1024 on), wall and process-CPU seconds (target <= 60 s).
+
+Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_REPEATS`` (tiny_llama, default 5),
+``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow part on 2 cores),
+``BENCH_RULER_SAMPLES`` (default 100), ``BENCH_LENGTHS`` (tiny_llama lengths, default 1024,2048,4096,8192,16384).
+
+    python scripts/bench.py evals
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _doc_tokens(tok, n: int) -> list[int]:
+def _threads() -> int:
+    return int(os.environ.get("BENCH_THREADS", min(2, os.cpu_count() or 1)))
+
+
+def _doc_text(tok, n: int) -> str:
+    """Held-out Shakespeare (the PPL analogue of PG19), repeated if needed, cut to about n tokens of ``tok``."""
     from harness.data.sources import load_source
 
     ids: list[int] = []
@@ -32,38 +54,131 @@ def _doc_tokens(tok, n: int) -> list[int]:
             break
     while len(ids) < n:
         ids += ids
-    return ids[:n]
+    return tok.decode(ids[:n])
 
 
-def _time(fn, repeat: int = 2) -> tuple[float, float]:
-    best_w, best_c = float("inf"), float("inf")
-    for _ in range(repeat):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        best_w, best_c = min(best_w, time.perf_counter() - w), min(best_c, time.process_time() - c)
-    return best_w, best_c
+def _clock(fn) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
 
 
-def ppl_vs_forward(handle, lengths, repeat: int = 2) -> dict:
+def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")) -> dict:
+    """Interleaved repeats: for each repeat, for each length: the raw forward, then the evaluator per protocol."""
+    import torch
+
     from harness.evals import EvalContext
     from harness.evals.ppl import Perplexity
 
     model, tok = handle.model, handle.tokenizer
-    out = {}
+    out: dict = {}
     with tempfile.TemporaryDirectory() as d:
-        ids = _doc_tokens(tok, max(lengths) + 256)
+        jobs = {}
         for L in lengths:
-            doc_dir = Path(d) / f"doc{L}"  # one document of about L + 64 tokens: tokenising it is part of the cost
+            doc_dir = Path(d) / f"doc{L}"  # one document of ~L + 600 tokens: 2 longlora starts (1 kept), yarn cuts it
             doc_dir.mkdir()
-            (doc_dir / "d.txt").write_text(tok.decode(ids[: L + 64]))
-            ev = Perplexity(Perplexity.Args(dataset=f"dir:{doc_dir}", samples=1, lengths=[L], min_tokens=L - 1))
-            x = torch.tensor([[tok.bos_token_id] + ids[: L - 1]])
-            with torch.no_grad():
-                fw, fc = _time(lambda: model(input_ids=x), repeat)  # noqa: B023
-            ew, ec = _time(lambda: ev.run(handle, None, EvalContext(Path(d))), repeat)  # noqa: B023
-            out[str(L)] = {"forward_tok_s": round(L / fw), "ppl_eval_tok_s": round(L / ew),
-                           "ratio": round(fw / ew, 3), "forward_cpu_s": round(fc, 3), "ppl_eval_cpu_s": round(ec, 3)}
+            (doc_dir / "d.txt").write_text(_doc_text(tok, L + 600))
+            ctx = EvalContext(Path(d) / f"run{L}", 0, "auto")
+            evs = {p: Perplexity(Perplexity.Args(dataset=f"dir:{doc_dir}", samples=1, lengths=[L], min_tokens=L,
+                                                 protocol=p, max_windows=1)) for p in protocols}
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            doc = tok((doc_dir / "d.txt").read_text(), add_special_tokens=False).input_ids
+            x = torch.tensor([bos + doc[: L - len(bos)]])  # the tokens both protocols score
+            assert x.shape[1] == L
+
+            def forward(x=x):
+                with torch.inference_mode():
+                    model(input_ids=x)
+
+            fns = {"forward": forward}
+            for p, ev in evs.items():
+                fns[p] = lambda ev=ev, ctx=ctx: ev.run(handle, None, ctx)  # noqa: E731
+            jobs[L] = fns
+            # the evaluator must score what the bench times: one window of L tokens per protocol
+            for p, ev in evs.items():
+                r = ev.run(handle, None, ctx)
+                assert r["scored"][str(L)]["windows"] == 1 and r["scored"][str(L)]["tokens"] == L - 1, r["scored"]
+        wall = {L: {k: [] for k in fns} for L, fns in jobs.items()}
+        cpu = {L: {k: [] for k in fns} for L, fns in jobs.items()}
+        for _ in range(repeats):
+            for L, fns in jobs.items():
+                for k, fn in fns.items():
+                    w, c = _clock(fn)
+                    wall[L][k].append(w)
+                    cpu[L][k].append(c)
+    for L in lengths:
+        fw, fc = statistics.median(wall[L]["forward"]), statistics.median(cpu[L]["forward"])
+        row = {"forward_tok_s": round(L / fw, 1), "forward_wall_s": [round(v, 3) for v in wall[L]["forward"]]}
+        for p in protocols:
+            ew, ec = statistics.median(wall[L][p]), statistics.median(cpu[L][p])
+            row[p] = {"ppl_eval_tok_s": round(L / ew, 1), "ratio": round(fw / ew, 3), "ratio_cpu": round(fc / ec, 3),
+                      "wall_s": [round(v, 3) for v in wall[L][p]]}
+        out[str(L)] = row
+    out["summary"] = {p: {"min_ratio": min(out[str(L)][p]["ratio"] for L in lengths),
+                          "min_ratio_cpu": min(out[str(L)][p]["ratio_cpu"] for L in lengths)} for p in protocols}
+    out["repeats"] = repeats
     return out
+
+
+RSS_CHILD = r"""
+import json, os, resource, sys, tempfile, time
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads({threads})
+from pathlib import Path
+from harness.evals import EvalContext
+from harness.evals.ppl import Perplexity
+from harness.models import load_model
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024  # kB
+    return None
+
+GiB = 2 ** 30
+L = {length}
+t0 = time.time()
+h = load_model("smollm2_135m")
+load_s = time.time() - t0
+after_load = {{"rss": status("VmRSS"), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}
+with tempfile.TemporaryDirectory() as d:
+    (Path(d) / "d.txt").write_text(Path({doc!r}).read_text())
+    ev = Perplexity(Perplexity.Args(dataset=f"dir:{{d}}", samples=1, lengths=[L], min_tokens=L))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM: the pass's own peak
+        reset = True
+    except OSError:
+        reset = False
+    t0 = time.time()
+    r = ev.run(h, None, EvalContext(Path(d), 0, "auto"))
+    pass_s = time.time() - t0
+assert r["scored"][str(L)]["tokens"] == L - 1, r["scored"]
+end = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print("RESULT " + json.dumps({{
+    "length": L, "ppl": round(r["ppl"][str(L)], 3), "peak_rss_gib": round(end / GiB, 3),
+    "rss_after_load_gib": round(after_load["rss"] / GiB, 3),
+    "peak_rss_during_load_gib": round(after_load["ru_maxrss"] / GiB, 3),
+    "pass_peak_rss_gib": round(status("VmHWM") / GiB, 3) if reset else None,
+    "load_s": round(load_s, 1), "pass_s": round(pass_s, 1), "threads": torch.get_num_threads()}}))
+"""
+
+
+def smollm2_rss(tok, length: int = 16384) -> dict:
+    """Peak RSS of a ``length``-token SmolLM2 PPL pass in a fresh process (``ru_maxrss``; target well under 8 GiB)."""
+    with tempfile.TemporaryDirectory() as d:
+        doc = Path(d) / "doc.txt"
+        doc.write_text(_doc_text(tok, length + 64))
+        code = RSS_CHILD.format(root=str(ROOT), threads=_threads(), length=length, doc=str(doc))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    if r.returncode or not lines:
+        raise RuntimeError(f"smollm2 RSS child failed ({r.returncode}): {r.stderr[-1500:]}")
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["target_gib"] = 8
+    return res
 
 
 def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -> dict:
@@ -71,20 +186,19 @@ def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -
 
     from harness.evals._ruler_data import ALL_TASKS, DoesNotFit, RulerGenerator
 
-    root = Path(__file__).resolve().parents[1]
-    cfg = OmegaConf.to_container(OmegaConf.load(root / "conf" / "eval" / "tiny.yaml"))["suite"]["ruler"]
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "eval" / "tiny.yaml"))["suite"]["ruler"]
     with tempfile.TemporaryDirectory() as d:
         rng = random.Random(0)
         paras = [{"context": f"Paragraph {i}: " + " ".join(rng.choice(["land", "river", "city", "king", "north"])
-                                                            for _ in range(60)) + f" The capital is City{i}.",
+                                                            for _ in range(20)) + f" The capital is City{i}.",
                   "qas": [{"question": f"What is the capital in paragraph {i}?", "is_impossible": False,
                            "answers": [{"text": f"City{i}"}]}]} for i in range(400)]
         squad = Path(d) / "squad.json"
         squad.write_text(json.dumps({"data": [{"paragraphs": paras[i : i + 5]} for i in range(0, 400, 5)]}))
         hotpot = Path(d) / "hotpot.json"
         hotpot.write_text(json.dumps([{"question": f"Who built tower {i}?", "answer": f"Builder{i}",
-                                       "context": [[f"Tower {i}", [f"Tower {i} was built by Builder{i}. " * 3]],
-                                                   [f"Other {i}", ["An unrelated paragraph about hills. " * 3]]]}
+                                       "context": [[f"Tower {i}", [f"Tower {i} was built by Builder{i}. "]],
+                                                   [f"Other {i}", ["An unrelated paragraph about hills. "]]]}
                                       for i in range(300)]))
         gen = RulerGenerator(tok, tokens_to_generate=cfg["tokens_to_generate"], small_threshold=cfg["small_threshold"],
                              essay_increment=cfg["essay_increment"], vt_icl_length=cfg["vt_icl_length"],
@@ -99,56 +213,34 @@ def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -
                 except DoesNotFit:
                     skipped.setdefault(str(L), []).append(task)
             per_len[str(L)] = round(time.perf_counter() - t, 2)
-        return {"tasks": len(ALL_TASKS), "samples_per_task": samples, "samples_generated": n,
-                "wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2),
-                "wall_s_per_length": per_len, "skipped (do not fit)": skipped}
-
-
-def tiny_suite(handle) -> dict:
-    from omegaconf import OmegaConf
-
-    from harness.conf_utils import compose
-    from harness.evals import EvalContext, build_evaluators
-
-    cfg = compose(["eval=tiny"])
-    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
-    out, tw, tc = {}, 0.0, 0.0
-    with tempfile.TemporaryDirectory() as d:
-        for key, ev in zip(suite, build_evaluators(suite)):
-            w, c = time.perf_counter(), time.process_time()
-            ev.run(handle, None, EvalContext(Path(d), 0, "float32"))
-            w, c = time.perf_counter() - w, time.process_time() - c
-            out[key] = {"wall_s": round(w, 2), "cpu_s": round(c, 2)}
-            tw, tc = tw + w, tc + c
-    out["total"] = {"wall_s": round(tw, 2), "cpu_s": round(tc, 2), "lengths": cfg.eval.lengths}
-    return out
+        return {"tasks": len(ALL_TASKS), "samples_per_task": samples, "lengths": list(lengths),
+                "samples_generated": n, "wall_s": round(time.perf_counter() - w0, 2),
+                "cpu_s": round(time.process_time() - c0, 2), "target_s": 60, "wall_s_per_length": per_len,
+                "skipped (do not fit)": skipped}
 
 
 def run() -> dict:
+    import torch
+
     from harness.models import load_model
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(_threads())
+    lengths = [int(x) for x in os.environ.get("BENCH_LENGTHS", "1024,2048,4096,8192,16384").split(",")]
     tiny = load_model("tiny_llama")
-    res = {"threads": torch.get_num_threads(),
-           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, [1024, 2048, 4096, 8192, 16384]),
-           "ruler_generation": ruler_generation(tiny.tokenizer),
-           "tiny_suite": tiny_suite(tiny)}
-    if os.environ.get("BENCH_SMOLLM2") == "1":
+    res = {"threads": torch.get_num_threads(), "load": os.getloadavg(),
+           "ruler_generation": ruler_generation(tiny.tokenizer,
+                                                samples=int(os.environ.get("BENCH_RULER_SAMPLES", "100"))),
+           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, lengths, int(os.environ.get("BENCH_REPEATS", "5")))}
+    del tiny
+    if os.environ.get("BENCH_SMOLLM2", "1") != "0":
         smol = load_model("smollm2_135m")
-        res["ppl_vs_forward_smollm2_135m"] = ppl_vs_forward(smol, [8192], repeat=1)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        from harness.evals import EvalContext
-        from harness.evals.ppl import Perplexity
-
-        with tempfile.TemporaryDirectory() as d:
-            ids = _doc_tokens(smol.tokenizer, 16384)
-            (Path(d) / "d.txt").write_text(smol.tokenizer.decode(ids))
-            Perplexity(Perplexity.Args(dataset=f"dir:{d}", samples=1, lengths=[16384], min_tokens=16000)).run(
-                smol, None, EvalContext(Path(d)))
-        res["smollm2_16k_ppl_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-        res["smollm2_peak_rss_before_gib"] = round(before / 2**20, 2)
+        res["ppl_vs_forward_smollm2_135m"] = ppl_vs_forward(smol, [8192], 3, protocols=("yarn",))
+        tok = smol.tokenizer
+        del smol
+        res["smollm2_16k_ppl_rss"] = smollm2_rss(tok)
     else:
-        res["smollm2"] = "skipped (set BENCH_SMOLLM2=1; minutes on 2 CPU cores)"
+        res["smollm2"] = "skipped (BENCH_SMOLLM2=0)"
+    res["load_after"] = os.getloadavg()
     return res
 
 

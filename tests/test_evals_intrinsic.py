@@ -154,6 +154,17 @@ def test_nll_by_position_matches_direct(tmp_path, tok, model64):
     assert np.allclose(r["nll"], expect, atol=1e-4)
 
 
+def test_token_nll_batched_chunks_match_direct(model64):
+    """Chunked NLL (several chunks, a batch of 2) equals -log_softmax of the full logits at the next token."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 4096, (2, 130), generator=g)
+    with torch.no_grad():
+        logp = torch.log_softmax(model64(ids).logits[:, :-1].float(), -1)
+    expect = -logp.gather(2, ids[:, 1:, None])[..., 0]
+    got = token_nll(model64, ids, chunk=50, dtype="float32")
+    assert got.shape == (2, 129) and torch.allclose(got, expect, atol=1e-5)
+
+
 def test_bucket_means_shapes():
     pos, val = bucket_means(np.arange(10, dtype=float), 3)
     assert pos == [1, 4, 8] and val == [1.0, 4.5, 8.0]
@@ -251,6 +262,69 @@ def test_ruler_singular_rewrite(tok):
 def test_split_sentences():
     assert rd.split_sentences("Hello there. Mr. Smith came! Did he? 3 cats. ok") == \
         ["Hello there.", "Mr. Smith came!", "Did he?", "3 cats. ok"]
+
+
+def test_haystack_sentences_equal_split_sentences():
+    """The precomputed sentence ends give exactly ``split_sentences`` of every word prefix."""
+    h = rd.Haystack.__new__(rd.Haystack)
+    h.words = ('He said "Go." Then Mr. Smith left! (Really?) 3 dogs. e.g. Fine. "Yes!" she cried. ok. A b. '
+               'C.').split(" ") * 3
+    h._text = ""
+    for n in range(len(h.words) + 2):
+        assert h.sentences(n) == rd.split_sentences(" ".join(h.words[:n]).strip()), n
+    big = rd.Haystack("", 3000)
+    for n in random.Random(0).sample(range(1, 3000), 40):
+        assert big.sentences(n) == rd.split_sentences(" ".join(big.words[:n]).strip()), n
+
+
+def reference_largest_fitting(fits, limit=None):
+    """The previous search (doubling, then bisection), written out."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while (limit is None or hi <= limit) and fits(hi):
+        lo, hi = hi, hi * 2
+    if limit is not None:
+        hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def test_largest_fitting_equals_bisection_in_fewer_probes():
+    rng = random.Random(0)
+    probes_new = probes_ref = 0
+    for _ in range(300):
+        a, b, budget = rng.randint(0, 300), rng.uniform(5, 400), rng.randint(50, 9000)
+        limit = rng.choice([None, None, rng.randint(0, 200)])
+        broken = rng.choice([None, rng.randint(1, 400)])  # from this size on, the probe cannot be built
+        bumps = np.cumsum([rng.choice([0, 0, 0, 1, 7]) for _ in range(5000)])
+        sizes = [a + int(b * m) + int(bumps[m]) for m in range(5000)]  # non-decreasing, not linear
+
+        def size(m):
+            return None if broken is not None and m >= broken else sizes[m]
+
+        seen_new, seen_ref = set(), set()
+
+        def size_counted(m):
+            seen_new.add(m)
+            return size(m)
+
+        def fits_ref(m):
+            seen_ref.add(m)
+            return size(m) is not None and size(m) <= budget
+
+        assert rd._largest_fitting(size_counted, budget, limit) == reference_largest_fitting(fits_ref, limit)
+        probes_new, probes_ref = probes_new + len(seen_new), probes_ref + len(seen_ref)
+    assert probes_new < 0.75 * probes_ref
+
+
+def test_ruler_count_equals_tokenizer(tok):
+    g = rd.RulerGenerator(tok)
+    for text in ["", "x", " Memorize and track the chain(s) of variable assignment.\n\nVAR ABC = 12345 ",
+                 "One of the special magic uuids for 1f2e is: 2b8c0f3e-5d41-4a1e-9a70-0c2b9b1f6a11.\t\n Answer:"]:
+        assert g.count(text) == len(tok(text).input_ids)
 
 
 @pytest.fixture(scope="module")

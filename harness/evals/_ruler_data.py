@@ -18,11 +18,14 @@ What differs, and why:
 - Sentences: ``nltk.sent_tokenize`` needs the punkt model (a download); ``split_sentences`` is a regex splitter.
 - Randomness: one ``random.Random`` per (seed, task, length, sample), so a sample depends only on its seed and on
   the haystack size, not on how many probes the length search made (the original uses the global RNG).
-- Length search: the largest size that fits is found by doubling + bisection over increments (the 2025 RULER HEAD
-  also bisects), probing with ``input + answers`` as the original, then each sample is shrunk by one increment
-  until ``prompt tokens + tokens_to_generate <= L``. Prompt tokens are counted WITH the special tokens the model
-  is fed (BOS), one stricter than RULER's ``tokenizer.tokenize``. fwe also reserves ``tokens_to_generate``
-  (the original fills the input up to L and can exceed L by up to 50 tokens).
+- Length search: the largest size that fits is searched over increments (the 2025 RULER HEAD bisects; here each
+  probe is predicted from the token counts of the previous ones, which gives the same size as doubling + bisection
+  in ~4 tokenisations instead of ~2 log2(size)), probing with ``input + answers`` as the original, then each
+  sample is shrunk by one increment until ``prompt tokens + tokens_to_generate <= L`` (one tokenisation per sample
+  when it fits at once, its count reused for ``length``). Prompt tokens are counted WITH the special tokens the
+  model is fed (BOS), one stricter than RULER's ``tokenizer.tokenize``. fwe also reserves ``tokens_to_generate``
+  (the original fills the input up to L and can exceed L by up to 50 tokens). Generation time is dominated by
+  tokenisation; 13 tasks x 100 samples x {512..4096} with the tiny tokenizer are timed by ``make bench``.
 - vt: the original's per-sample shrink loop regenerates with the unshrunk size (a bug that can loop forever);
   here it shrinks.
 - Haystack ``essay``: Paul Graham essays from a local directory (``*.txt``, or RULER's ``PaulGrahamEssays.json``)
@@ -30,6 +33,7 @@ What differs, and why:
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -181,6 +185,28 @@ class Haystack:
         base = list(self.words)
         while len(self.words) < min_words:  # RULER caps at the essay size; repeating keeps long lengths possible
             self.words += base
+        self._text = ""
+
+    def sentences(self, n: int) -> list[str]:
+        """``split_sentences(" ".join(self.words[:n]))`` without re-running the regex over the prefix every time:
+        the sentence ends of the whole haystack are found once. The words hold no whitespace, so a sentence end of
+        the prefix (which needs the start of the next word as look-ahead) is exactly a sentence end of the whole
+        text whose match ends before the prefix does; the rest of the prefix is the tail."""
+        if not self._text:
+            self._text = " ".join(self.words)
+            self._word_end = np.cumsum([len(w) + 1 for w in self.words]) - 1  # char end of " ".join(words[:i+1])
+            self._sents, self._match_end, start = [], [], 0
+            for m in _SENT_END.finditer(self._text):
+                self._sents.append(self._text[start : m.start() + len(m.group(0).rstrip())].strip())
+                start = m.end()
+                self._match_end.append(start)
+        n = min(n, len(self.words))
+        if n <= 0:
+            return []
+        k = int(self._word_end[n - 1])
+        j = bisect.bisect_left(self._match_end, k)  # the sentence ends whose match ends before the prefix does
+        tail = self._text[self._match_end[j - 1] if j else 0 : k].strip()
+        return [x for x in self._sents[:j] if x] + ([tail] if tail else [])
 
 
 # --- generators ---------------------------------------------------------------------------------------------------
@@ -208,7 +234,7 @@ def niah_input(rng, n, template, cfg, seed, haystack: Haystack | None):
         values.append(vals)
     random.Random(seed).shuffle(needles)
     if cfg["type_haystack"] == "essay":
-        sents = split_sentences(" ".join(haystack.words[:n]).strip())
+        sents = haystack.sentences(n)  # = split_sentences(" ".join(haystack.words[:n]).strip())
         pos = [0] + sorted(int(len(sents) * (d / 100)) for d in rng.sample(DEPTHS, len(needles))) + [len(sents)]
         parts = []
         for i in range(1, len(pos)):
@@ -359,22 +385,51 @@ def qa_input(rng, n, template, qas, docs, index, seed):
 
 
 # --- length control -----------------------------------------------------------------------------------------------
-def _largest_fitting(fits, limit: int | None = None) -> int:
-    """Largest m >= 1 with fits(m) (doubling then bisection), 0 if fits(1) is false."""
+def _largest_fitting(size, budget: int, limit: int | None = None) -> int:
+    """Largest m >= 1 (up to ``limit``) whose probe fits, ``size(m) <= budget``, for a ``size`` non-decreasing in m
+    (``size(m)`` = the probe's token count, None when the probe cannot be built: does not fit); 0 if m = 1 does
+    not fit. Same answer as doubling + bisection, in fewer tokenisations: each probe is predicted from the counts
+    already seen (extrapolated from the last two fitting probes until the boundary is bracketed, then linear
+    interpolation between the nearest fitting and non-fitting probes, with a bisection step whenever
+    interpolation moves the same side twice in a row). Token counts grow about linearly with the haystack, so a
+    search takes ~4 tokenisations instead of ~2 log2(m)."""
+    known: dict[int, int | None] = {}
+
+    def fits(m: int) -> bool:
+        if m not in known:
+            known[m] = size(m)
+        return known[m] is not None and known[m] <= budget
+
     if not fits(1):
         return 0
-    lo, hi = 1, 2
-    while (limit is None or hi <= limit) and fits(hi):
-        lo, hi = hi, hi * 2
-    if limit is not None:
-        hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
+    cap = max(limit, 1) if limit is not None else None
+    lo, hi, prev = 1, None, None  # fits(lo); hi = the smallest probed m that does not fit
+    side, repeat = None, 0  # the side the last interpolation moved, and how many times in a row
+    while True:
+        if (cap is not None and lo >= cap) or (hi is not None and hi - lo <= 1):
+            return lo
+        c_lo = known[lo]
+        c_hi = known.get(hi) if hi is not None else None
+        bisected = False
+        if hi is None and prev is not None and c_lo > known[prev]:  # extrapolate the last two fitting probes
+            guess = lo + int((budget - c_lo) * (lo - prev) // (c_lo - known[prev]))
+        elif hi is None:
+            guess = 2 * lo
+        elif c_hi is not None and c_hi > c_lo and repeat < 2:  # interpolate inside the bracket
+            guess = lo + int((budget - c_lo) * (hi - lo) // (c_hi - c_lo))
         else:
-            hi = mid
-    return lo
+            guess, bisected = (lo + hi) // 2, True
+        upper = hi - 1 if hi is not None else cap
+        guess = max(lo + 1, guess if upper is None else min(guess, upper))
+        now = "lo" if fits(guess) else "hi"
+        if now == "lo":
+            prev, lo = lo, guess
+        else:
+            hi = guess
+        if bisected or hi is None:
+            side, repeat = None, 0
+        else:
+            side, repeat = now, (repeat + 1 if now == side else 1)
 
 
 class RulerGenerator:
@@ -393,9 +448,31 @@ class RulerGenerator:
         self.remove_newline_tab = remove_newline_tab
         self._haystack: Haystack | None = None
         self._qa: dict = {}
+        self._counter = None
 
     def count(self, text: str) -> int:
-        return len(self.tok(text).input_ids)
+        """Prompt tokens as fed to the model: ``len(tokenizer(text).input_ids)``. With a fast (Rust) tokenizer
+        the backend is called directly without offsets (``encode_batch_fast``; same ids, ~25% less time),
+        after checking on a probe text that it counts exactly as the tokenizer does."""
+        if self._counter is None:
+            self._counter = self._fast_counter() or (lambda t: len(self.tok(t).input_ids))
+        return self._counter(text)
+
+    def _fast_counter(self):
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is None or not hasattr(backend, "encode_batch_fast"):
+            return None
+
+        def fast(t: str) -> int:
+            return len(backend.encode_batch_fast([t], add_special_tokens=True)[0].ids)
+
+        probe = ("Some special magic numbers are hidden within the following text.\n\tOne of the special magic "
+                 "uuids for 4f2b-88aa is: 123e4567-e89b-12d3-a456-426614174000. VAR ABCDE = 12345  \n\n Answer:")
+        try:
+            same = all(fast(t) == len(self.tok(t).input_ids) for t in (probe, " " + probe, probe[:40]))
+        except Exception:  # noqa: BLE001 - any backend quirk: use the tokenizer itself
+            return None
+        return fast if same else None
 
     def tokens_to_generate(self, task: str) -> int:
         kind = TASKS[task][0]
@@ -469,8 +546,8 @@ class RulerGenerator:
         tmpl = self.template(kind)
         ttg = RULER_TASKS[kind]["tokens_to_generate"]
         build = lambda n: vt_input(random.Random(f"ruler-{self.seed}-vt-icl"), n, tmpl, cfg, is_icl=True)  # noqa
-        fits = lambda m: self.count(" ".join([build(5 * m)[0]] + build(5 * m)[1])) + ttg <= self.vt_icl_length  # noqa
-        m = _largest_fitting(fits)
+        m = _largest_fitting(lambda m: self.count(" ".join([(b := build(5 * m))[0]] + b[1])),
+                             self.vt_icl_length - ttg)
         text, ans = build(5 * m if m else 1)  # one noise line (split into sentences) when 5 do not fit
         return text + " " + " ".join(ans) + "\n\n"
 
@@ -479,32 +556,38 @@ class RulerGenerator:
         Raises DoesNotFit when even the smallest instance exceeds L."""
         ttg = self.tokens_to_generate(task)
 
-        def fits_with(build, inc, with_answers):
+        def size(build, inc):  # the length search probes with the answers appended, as the original does
             def f(m):
                 try:
                     text, ans = build(inc * m)
                 except DoesNotFit:
-                    return False
-                probe = text + " " + " ".join(ans) if with_answers else text
-                return self.count(probe) + ttg <= L
+                    return None
+                return self.count(text + " " + " ".join(ans))
             return f
 
         build0, inc, limit = self._builder(task, L, 0)
-        m_star = _largest_fitting(fits_with(build0, inc, True), limit)
+        m_star = _largest_fitting(size(build0, inc), L - ttg, limit)
         if m_star == 0:
             m_star = 1
         out = []
         for i in range(n_samples):
             build, inc, _ = self._builder(task, L, i) if i else (build0, inc, limit)
             m = m_star
-            ok = fits_with(build, inc, False)
-            while m > 0 and not ok(m):
+            while m > 0:  # shrink by one increment until the prompt itself fits: one tokenisation per sample
+                try:
+                    text, ans = build(inc * m)
+                except DoesNotFit:
+                    m -= 1
+                    continue
+                n_tok = self.count(text)
+                if n_tok + ttg <= L:
+                    break
                 m -= 1
             if m == 0:
                 raise DoesNotFit(f"{task} does not fit in {L} tokens with tokens_to_generate={ttg}")
-            text, ans = build(inc * m)
             if self.remove_newline_tab:
                 text = " ".join(text.replace("\n", " ").replace("\t", " ").strip().split())
-            out.append({"index": i, "input": text, "outputs": list(ans), "length": self.count(text) + ttg,
+                n_tok = self.count(text)
+            out.append({"index": i, "input": text, "outputs": list(ans), "length": n_tok + ttg,
                         "tokens_to_generate": ttg, "size": inc * m})
         return out

@@ -52,19 +52,23 @@ def token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, dtype: str = "a
     """Per-token NLL of ``input_ids[:, 1:]`` given the prefix: [B, L-1] float32.
 
     The LM head and the log-softmax run over ``chunk`` positions at a time, so peak memory is
-    O(chunk x vocab) instead of O(L x vocab)."""
+    O(chunk x vocab) instead of O(L x vocab). The loss is taken on the flattened ``[B*chunk, vocab]`` logits, as
+    HF's own ``labels=`` loss does: ``cross_entropy`` over a transposed ``[B, vocab, chunk]`` view (class dim not
+    last) takes a strided path that costs ~3x the LM-head matmul itself (``make bench``, ``evals``)."""
     dev = model_device(model)
     ids = input_ids.to(dev)
     with autocast(dev, dtype):
         h = hidden_states(model, ids)
     head = model.get_output_embeddings()
+    B, n = ids.shape[0], ids.shape[1] - 1
     out = []
-    for s in range(0, ids.shape[1] - 1, chunk):
-        e = min(s + chunk, ids.shape[1] - 1)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
         with autocast(dev, dtype):
             logits = head(h[:, s:e])
         logits = logits.float()
-        out.append(F.cross_entropy(logits.transpose(1, 2), ids[:, s + 1 : e + 1], reduction="none"))
+        nll = F.cross_entropy(logits.reshape(B * (e - s), -1), ids[:, s + 1 : e + 1].reshape(-1), reduction="none")
+        out.append(nll.view(B, e - s))
     return torch.cat(out, dim=1)
 
 

@@ -55,8 +55,9 @@ import numpy as np
 import torch
 
 from harness.train import TrainArgs
+from harness.train.ema import ema_update_
 from harness.train.loop import batches_for_step
-from harness.train.step import add_document_positions, lr_lambda, micro_step
+from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "scripts" / "train_distributed.py"
@@ -179,10 +180,8 @@ class PartitionEMA:
         self.params, self.decay = params, decay
         self.shadow = [_local(p).detach().float().clone() for p in params]
 
-    @torch.no_grad()
     def update(self) -> None:
-        for p, s in zip(self.params, self.shadow):
-            s.mul_(self.decay).add_(_local(p).detach().float(), alpha=1.0 - self.decay)
+        ema_update_(self.shadow, [_local(p) for p in self.params], self.decay)
 
     @torch.no_grad()
     def copy_to_params(self) -> None:
@@ -300,13 +299,15 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     dev = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     t0 = time.time()
     for step in range(start, total):
-        loss = 0.0
+        micro = []
         for ids in batches_for_step(chunks, step, acc, a.micro_batch, rank, world):
             batch = method.train_batch(ids)
             if a.doc_masking and bos is not None:
                 batch = add_document_positions(batch, bos)
             batch = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-            loss += micro_step(engine, batch, acc, a.autocast, backward=backward) / acc
+            micro.append(micro_step(engine, batch, acc, a.autocast, backward=backward))
+            if len(micro) == acc:  # one host sync per step, before the boundary step() can apply a NaN update
+                loss = step_loss(micro, acc)
             engine.step()  # DeepSpeed updates only at the accumulation boundary
         if ema is not None:
             ema.update()

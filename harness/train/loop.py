@@ -20,7 +20,7 @@ from safetensors.torch import load_model, save_model
 
 from harness.train import TrainArgs
 from harness.train.ema import EMA
-from harness.train.step import add_document_positions, lr_lambda, micro_step
+from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
 
 def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: int, rank: int = 0, world: int = 1):
@@ -109,12 +109,13 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     t0 = time.time()
     tokens_per_step = a.global_batch * a.seq_len
     for step in range(start, total):
-        loss = 0.0
+        micro = []
         for ids in batches_for_step(chunks, step, accumulation, a.micro_batch):
             batch = method.train_batch(ids)
             if a.doc_masking and bos is not None:
                 batch = add_document_positions(batch, bos)
-            loss += micro_step(model, batch, accumulation, a.autocast) / accumulation
+            micro.append(micro_step(model, batch, accumulation, a.autocast))
+        loss = step_loss(micro, accumulation)  # the step's one host sync; raises before a NaN reaches the weights
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
         opt.step()

@@ -26,19 +26,29 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None) -> float:
-    """Forward + backward of one micro-batch, loss scaled by 1/accumulation. Returns the unscaled loss.
+def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None) -> torch.Tensor:
+    """Forward + backward of one micro-batch, loss scaled by 1/accumulation. Returns the unscaled loss as a
+    detached 0-d tensor: no host sync here (on GPU a per-micro-batch ``.item()`` stalls the launch queue between
+    forward and backward); the caller reads the step's losses once with ``step_loss``.
 
     ``backward`` lets an engine own the backward call (DeepSpeed: ``engine.backward``)."""
     dev = next(model.parameters()).device
     with autocast(dev, dtype):
         loss = model(**batch).loss
-    value = loss.item()
-    if not math.isfinite(value):
-        raise FloatingPointError(f"non-finite training loss ({value})")
-    scaled = loss / accumulation
-    (backward or torch.Tensor.backward)(scaled)
-    return value
+    (backward or torch.Tensor.backward)(loss / accumulation)
+    return loss.detach()
+
+
+def step_loss(micro_losses: list[torch.Tensor], accumulation: int) -> float:
+    """The optimizer step's loss (mean of its micro-batch losses) with one host sync per step. Raises on a
+    non-finite loss; callers read it before the optimizer step, so such a step never reaches the weights."""
+    values = torch.stack(micro_losses).tolist()
+    loss = 0.0
+    for v in values:
+        if not math.isfinite(v):
+            raise FloatingPointError(f"non-finite training loss ({v})")
+        loss += v / accumulation
+    return loss
 
 
 def document_position_ids(input_ids: torch.Tensor, bos_id: int) -> torch.Tensor:

@@ -428,3 +428,16 @@ def test_progressive_plan_chains_search_finetune_search():
     assert all("seed=1" in c for c in cmd.values())
     with pytest.raises(SystemExit):
         mod.plan(*mod.parse(["stages=2048"]))
+
+
+@pytest.mark.parametrize("name", ["longrope", "longrope2"])
+def test_search_yaml_lists_every_argument(name):
+    """Hydra only accepts ``search.<key>=...`` on the command line for keys present in the YAML (the progressive
+    driver passes ``search.init_factors``)."""
+    import dataclasses
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "search" / f"{name}.yaml")
+    assert {f.name for f in dataclasses.fields(SearchArgs)} == set(node.keys())

@@ -7,8 +7,10 @@ SmolLM2 PPL pass, RULER generation time.
   loss, ``torch.inference_mode``), model as loaded (``base``: plain RoPE, so every length runs). Both protocols:
   ``yarn`` (one truncated window ``[BOS] + doc[:L-1]``) and ``longlora`` (one window of L tokens,
   ``max_windows: 1``); SmolLM2 runs ``yarn`` only (each pass takes minutes here). ``ratio`` = evaluator tokens/s /
-  forward tokens/s (target >= 0.9), from the medians of interleaved repeats (forward, yarn, longlora, forward, ...);
-  process-CPU medians are reported beside the wall ones (they are the steadier number on a loaded machine).
+  forward tokens/s (target >= 0.9): the median over repeats of forward time / evaluator time, measured back to
+  back, in the order forward, yarn, longlora on even repeats and the reverse on odd ones, so that a drift of the
+  machine's speed (this VM's varies by 15-50% from minute to minute with nothing else running) favours neither
+  side; the ratio of the medians and the process-CPU ratio are reported beside it.
 - ``smollm2_16k_ppl_rss``: a fresh subprocess loads SmolLM2 and runs the ``ppl`` evaluator at 16384 tokens;
   ``ru_maxrss`` at the end (load + pass, the whole process), RSS after loading, and the pass's own peak (VmHWM reset
   through ``/proc/self/clear_refs`` after loading). Target: well under 8 GiB.
@@ -16,8 +18,9 @@ SmolLM2 PPL pass, RULER generation time.
   suite's RULER settings (qa_1/qa_2 from a small hand-made SQuAD/HotpotQA-format file of short paragraphs, so every
   task fits from 1024 on), wall and process-CPU seconds (target <= 60 s).
 
-Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_REPEATS`` (tiny_llama, default 5),
-``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow part on 2 cores),
+Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_REPEATS`` (tiny_llama, at least
+7 per length), ``BENCH_BUDGET_S`` (tiny_llama: more repeats while a length's raw forwards take less than this many
+seconds in all, default 10), ``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow part on 2 cores),
 ``BENCH_RULER_SAMPLES`` (default 100), ``BENCH_LENGTHS`` (tiny_llama lengths, default 1024,2048,4096,8192,16384).
 
     python scripts/bench.py evals
@@ -63,8 +66,10 @@ def _clock(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")) -> dict:
-    """Interleaved repeats: for each repeat, for each length: the raw forward, then the evaluator per protocol."""
+def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora"), budget_s: float = 0.0) -> dict:
+    """Interleaved repeats: for each length, for each repeat: the raw forward and the evaluator per protocol, in
+    alternating order. At least ``repeats`` repeats per length, more for short lengths: as many as fit in
+    ``budget_s`` seconds of raw forwards (a 1k forward takes ~0.15 s, and single timings vary by 15-50% here)."""
     import torch
 
     from harness.evals import EvalContext
@@ -100,23 +105,30 @@ def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")
                 assert r["scored"][str(L)]["windows"] == 1 and r["scored"][str(L)]["tokens"] == L - 1, r["scored"]
         wall = {L: {k: [] for k in fns} for L, fns in jobs.items()}
         cpu = {L: {k: [] for k in fns} for L, fns in jobs.items()}
-        for _ in range(repeats):
-            for L, fns in jobs.items():
-                for k, fn in fns.items():
-                    w, c = _clock(fn)
+        n_rep = {}
+        for L, fns in jobs.items():
+            t_fwd = _clock(fns["forward"])[0]
+            n_rep[L] = max(repeats, int(budget_s / max(t_fwd, 1e-3)))
+            for r in range(n_rep[L]):
+                order = list(fns) if r % 2 == 0 else list(fns)[::-1]  # alternate: drift favours neither side
+                for k in order:
+                    w, c = _clock(fns[k])
                     wall[L][k].append(w)
                     cpu[L][k].append(c)
     for L in lengths:
         fw, fc = statistics.median(wall[L]["forward"]), statistics.median(cpu[L]["forward"])
-        row = {"forward_tok_s": round(L / fw, 1), "forward_wall_s": [round(v, 3) for v in wall[L]["forward"]]}
+        row = {"forward_tok_s": round(L / fw, 1), "repeats": n_rep[L],
+               "forward_wall_s": [round(v, 3) for v in wall[L]["forward"]]}
         for p in protocols:
             ew, ec = statistics.median(wall[L][p]), statistics.median(cpu[L][p])
-            row[p] = {"ppl_eval_tok_s": round(L / ew, 1), "ratio": round(fw / ew, 3), "ratio_cpu": round(fc / ec, 3),
+            paired = statistics.median(f / e for f, e in zip(wall[L]["forward"], wall[L][p]))
+            row[p] = {"ppl_eval_tok_s": round(L / ew, 1), "ratio": round(paired, 3),
+                      "ratio_of_medians": round(fw / ew, 3), "ratio_cpu": round(fc / ec, 3),
                       "wall_s": [round(v, 3) for v in wall[L][p]]}
         out[str(L)] = row
     out["summary"] = {p: {"min_ratio": min(out[str(L)][p]["ratio"] for L in lengths),
                           "min_ratio_cpu": min(out[str(L)][p]["ratio_cpu"] for L in lengths)} for p in protocols}
-    out["repeats"] = repeats
+    out["min_repeats"], out["budget_s"] = repeats, budget_s
     return out
 
 
@@ -230,11 +242,12 @@ def run() -> dict:
     res = {"threads": torch.get_num_threads(), "load": os.getloadavg(),
            "ruler_generation": ruler_generation(tiny.tokenizer,
                                                 samples=int(os.environ.get("BENCH_RULER_SAMPLES", "100"))),
-           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, lengths, int(os.environ.get("BENCH_REPEATS", "5")))}
+           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, lengths, int(os.environ.get("BENCH_REPEATS", "7")),
+                                                       budget_s=float(os.environ.get("BENCH_BUDGET_S", "10")))}
     del tiny
     if os.environ.get("BENCH_SMOLLM2", "1") != "0":
         smol = load_model("smollm2_135m")
-        res["ppl_vs_forward_smollm2_135m"] = ppl_vs_forward(smol, [8192], 3, protocols=("yarn",))
+        res["ppl_vs_forward_smollm2_135m"] = ppl_vs_forward(smol, [8192], 4, protocols=("yarn",))
         tok = smol.tokenizer
         del smol
         res["smollm2_16k_ppl_rss"] = smollm2_rss(tok)

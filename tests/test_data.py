@@ -133,6 +133,24 @@ def test_local_mix_builds_exact_chunks_and_reuses_cache(tokenizer, tmp_path, mon
     assert np.array_equal(np.asarray(arr), np.asarray(again))
 
 
+def test_local_mix_synthetic_kinds(tokenizer):
+    """The fine-tuning mix's synthetic documents follow ``synthetic_kinds`` (default: tiny_llama's last
+    pretraining stage, mostly ``cued``); an unknown kind is a config error."""
+    from harness.config import ConfigError
+    from harness.data.local_mix import LocalMix, _default_kinds
+
+    def docs(kinds):
+        a = LocalMix.Args(shares={"synthetic": 1.0}, synthetic_docs=40, synthetic_kinds=kinds, seed=0)
+        return [tokenizer.decode(d) for d in LocalMix.documents(a, tokenizer, 256)["synthetic"]]
+
+    assert max(_default_kinds(), key=_default_kinds().get) == "cued"
+    repeat_only = docs({"repeat": 1.0})
+    default = docs({})
+    assert len(repeat_only) == len(default) == 40 and repeat_only != default
+    with pytest.raises(ConfigError, match="unknown synthetic kinds"):
+        docs({"passkey": 1.0})
+
+
 def _write_shards(d, seed=0):
     rng = np.random.default_rng(seed)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()

@@ -13,11 +13,20 @@ from dataclasses import dataclass, field
 from harness.data import DATA, DataArgs, cached_chunks
 from harness.data.mixture import mixture_stats, pack, sample_mixture
 from harness.data.sources import load_source
-from harness.data.synthetic import FillerFactory, synthetic_document
+from harness.config import ConfigError
+from harness.data.synthetic import KINDS, FillerFactory, synthetic_document
 
 
 def _default_shares():
     return {"shakespeare": 0.45, "python_stdlib": 0.25, "synthetic": 0.30}
+
+
+def _default_kinds():
+    """The synthetic kinds of tiny_llama's last pretraining stage (Makefile, stage 5): long-context fine-tuning
+    continues the model's own pretraining distribution at the longer length, as the paper's SlimPajama mixture
+    continues LLaMA2's. Without ``cued`` (the kind that taught the model to retrieve) fine-tuning data would carry
+    no retrieval signal the model can use."""
+    return {"cued": 0.70, "repeat": 0.15, "retrieval": 0.05, "kv": 0.05, "recall": 0.05}
 
 
 @DATA.register("local_mix")
@@ -32,6 +41,7 @@ class LocalMix:
         upsample: float = 4.0  # short documents are kept with probability 1/upsample, long ones always (Fu et al.)
         doc_tokens: int = 4096  # natural texts are cut into documents of at most this many tokens
         synthetic_docs: int = 600
+        synthetic_kinds: dict = field(default_factory=dict)  # kind -> weight; empty = _default_kinds()
 
     @staticmethod
     def documents(a: "LocalMix.Args", tokenizer, seq_len: int) -> dict[str, list[list[int]]]:
@@ -43,10 +53,15 @@ class LocalMix:
                 texts = [d.text for d in load_source("shakespeare", "train")[:4]]
                 filler = FillerFactory(texts, a.seed)
                 count = lambda t: len(enc(t))  # noqa: E731
+                kinds, weights = zip(*(a.synthetic_kinds or _default_kinds()).items())
+                unknown = sorted(set(kinds) - set(KINDS))
+                if unknown:
+                    raise ConfigError(f"data=local_mix: unknown synthetic kinds {unknown} (known: {sorted(KINDS)})")
                 docs = []
                 for _ in range(a.synthetic_docs):  # log-uniform lengths: many short, some as long as seq_len
                     budget = int(32 * (max(seq_len, 64) / 32) ** rng.random())
-                    docs.append(enc(synthetic_document(rng, filler, budget, count)))
+                    kind = rng.choices(kinds, weights)[0]
+                    docs.append(enc(synthetic_document(rng, filler, budget, count, kind=kind)))
                 out[src] = docs
             else:
                 docs = []

@@ -59,6 +59,15 @@ def attach_rope(model) -> torch.Tensor:
     return inv
 
 
+def install(model, attn_name: str, attr: str, settings: tuple) -> None:
+    """Switch ``model`` to the registered attention ``attn_name``: RoPE frequencies and ``settings`` (stored as
+    ``module.<attr>``) on every attention module, then ``set_attn_implementation``."""
+    attach_rope(model)
+    for m in attention_modules(model):
+        setattr(m, attr, settings)
+    model.set_attn_implementation(attn_name)
+
+
 # ---------------------------------------------------------------------------------------------------- positions
 def key_valid(attention_mask, batch: int, kv_len: int, device) -> torch.Tensor:
     """[B, kv] bool: True for real keys. ``attention_mask`` is what ``padding_mask`` returned (2-D or None)."""
@@ -162,6 +171,15 @@ def online_softmax_attention(qg_shape, v: torch.Tensor, score_fn, key_ranges, bl
         outs.append(out)
     out = torch.cat(outs, dim=3) if len(outs) > 1 else outs[0]
     return out.reshape(b, n_kv * g, lq, d).to(v.dtype)
+
+
+def attend(query: torch.Tensor, value: torch.Tensor, score_fn, key_ranges, block_q: int, block_k: int):
+    """``online_softmax_attention`` for an AttentionInterface function: query [B, H, L_q, D] -> the interface's
+    (output [B, L_q, H, D] in the query's dtype, no attention weights)."""
+    b, h, lq, d = query.shape
+    n_kv = value.shape[1]
+    out = online_softmax_attention((b, n_kv, h // n_kv, lq, d), value, score_fn, key_ranges, block_q, block_k)
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

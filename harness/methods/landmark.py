@@ -328,14 +328,11 @@ class Landmark(Method):
                               f"(chunk length {chunk} <= 0)")
         model, tok = handle.model, handle.tokenizer
         self.mem_id = ensure_landmark_token(model, tok)
-        bw.attach_rope(model)
-        for m in bw.attention_modules(model):
-            m.harness_landmark = (a.mem_freq, a.top_k, a.q_block)
         dec = model.get_decoder()
         dec.harness_landmark_state = {"auto_insert": True, "mem_id": self.mem_id, "mem_freq": a.mem_freq,
                                       "top_k": a.top_k, "chunk": chunk}
         dec.forward = types.MethodType(_decoder_forward, dec)
-        model.set_attn_implementation(ATTN_NAME)
+        bw.install(model, ATTN_NAME, "harness_landmark", (a.mem_freq, a.top_k, a.q_block))
 
     def train_mode(self, handle) -> None:
         handle.model.get_decoder().harness_landmark_state["auto_insert"] = False

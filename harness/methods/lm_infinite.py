@@ -80,8 +80,7 @@ def lm_infinite_attention(module, query, key, value, attention_mask, scaling=Non
         first, last = kv - lq + qs, kv - lq + qe  # key indices of the block's first query, one past the last
         return bw.merge_ranges([(0, min(g_end, last)), (max(0, first - n_local + 1), last)])
 
-    out = bw.online_softmax_attention((b, n_kv, h // n_kv, lq, d), value, score, ranges, block_q, block_k)
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return bw.attend(query, value, score, ranges, block_q, block_k)
 
 
 bw.register_attention(ATTN_NAME, lm_infinite_attention)
@@ -108,8 +107,4 @@ class LMInfinite(Method):
         if n_local < 1 or a.n_global < 0 or limit < 1:
             raise ConfigError(f"method=lm_infinite: need n_local >= 1, n_global >= 0, limit_distance >= 1 "
                               f"(got {n_local}, {a.n_global}, {limit})")
-        model = handle.model
-        bw.attach_rope(model)
-        for m in bw.attention_modules(model):
-            m.harness_lm_infinite = (a.n_global, n_local, limit, a.block_q, a.block_k)
-        model.set_attn_implementation(ATTN_NAME)
+        bw.install(handle.model, ATTN_NAME, "harness_lm_infinite", (a.n_global, n_local, limit, a.block_q, a.block_k))

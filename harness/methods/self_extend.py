@@ -97,8 +97,7 @@ def self_extend_attention(module, query, key, value, attention_mask, scaling=Non
     def ranges(qs, qe):
         return [(0, min(kv, kv - lq + qe))]
 
-    out = bw.online_softmax_attention((b, n_kv, h // n_kv, lq, d), value, score, ranges, block_q, block_k)
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return bw.attend(query, value, score, ranges, block_q, block_k)
 
 
 bw.register_attention(ATTN_NAME, self_extend_attention)
@@ -122,11 +121,7 @@ class SelfExtend(Method):
         if handle.native_ctx and a.window >= handle.native_ctx:
             raise ConfigError(f"method=self_extend: window {a.window} must be below the native context "
                               f"{handle.native_ctx}")
-        model = handle.model
-        bw.attach_rope(model)
-        for m in bw.attention_modules(model):
-            m.harness_self_extend = (a.window, a.group, a.float_shift, a.block_q, a.block_k)
-        model.set_attn_implementation(ATTN_NAME)
+        bw.install(handle.model, ATTN_NAME, "harness_self_extend", (a.window, a.group, a.float_shift, a.block_q, a.block_k))
 
     def max_length(self, handle) -> int | None:
         return (handle.native_ctx - self.args.window) * self.args.group + self.args.window

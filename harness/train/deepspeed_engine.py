@@ -44,19 +44,17 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from harness.train import TrainArgs
 from harness.train.ema import ema_update_
-from harness.train.loop import batches_for_step
+from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,16 +198,6 @@ def _gather_full(p: torch.Tensor, local: torch.Tensor, dev) -> torch.Tensor:
     parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, flat)
     return torch.cat(parts)[: p.ds_numel].view(p.ds_shape)
-
-
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def _set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
 
 
 def latest_ds_checkpoint(ckpt_dir: Path, fingerprint: str, world: int) -> Path | None:

@@ -20,7 +20,8 @@ SmolLM2 PPL pass, RULER generation time.
 
 Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_REPEATS`` (tiny_llama, at least
 7 per length), ``BENCH_BUDGET_S`` (tiny_llama: more repeats while a length's raw forwards take less than this many
-seconds in all, default 10), ``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow part on 2 cores),
+seconds in all, default 10), ``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow
+part on 2 cores),
 ``BENCH_RULER_SAMPLES`` (default 100), ``BENCH_LENGTHS`` (tiny_llama lengths, default 1024,2048,4096,8192,16384).
 
     python scripts/bench.py evals

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from harness.config import ConfigError
 from harness.data import DATA, DataArgs, cached_chunks
 from harness.data.mixture import mixture_stats, pack, sample_mixture
 from harness.data.sources import load_source
-from harness.config import ConfigError
 from harness.data.synthetic import KINDS, FillerFactory, synthetic_document
 
 

@@ -18,23 +18,22 @@ from pathlib import Path
 import numpy as np
 
 from harness.evals import EvalContext, build_evaluators
-from harness.stats import paired_bootstrap, wilson
+from harness.stats import bootstrap_mean, ppl_ratio, wilson
 
 GRADED_TASKS = ["niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue", "vt"]
 GATED_TASKS = ["niah_multikey_1", "niah_multikey_2", "niah_multivalue", "vt"]
 # the tiny suite's miniature RULER settings (conf/eval/tiny.yaml)
 RULER_TINY = dict(tokens_to_generate={"niah": 32, "niah_multivalue": 48, "niah_multiquery": 48,
                                       "variable_tracking": 24},
-                  small_threshold=1000000, essay_increment=25, vt_icl_length=160)
+                  small_threshold=1000000, essay_increment=25, vt_icl_length=160, vt_increment=2)
 
 
 def _interval(scores: list[float]) -> tuple[float, float]:
     x = np.asarray(scores, dtype=float)
     if np.isin(x, (0.0, 1.0)).all():
         return wilson(float(x.sum()), len(x))
-    boot = np.random.default_rng(0).choice(x, size=(2000, len(x))).mean(axis=1)
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    return float(lo), float(hi)
+    _, lo, hi = bootstrap_mean(x)
+    return lo, hi
 
 
 def measure_gate(handle, seed: int = 1234, passkey_n: int = 50, ruler_n: int = 50, ppl_docs: int = 8,
@@ -61,7 +60,7 @@ def measure_gate(handle, seed: int = 1234, passkey_n: int = 50, ruler_n: int = 5
             elif key.startswith("ppl"):
                 recs = [r for r in _read(ctx.samples_path("ppl_yarn")) if r["dataset"] == suite[key]["dataset"]]
                 by_len = {L: [r["nll"] for r in recs if r["length"] == L] for L in (C, 4 * C)}
-                ratio = paired_bootstrap(by_len[4 * C], by_len[C], stat="ppl_ratio")
+                ratio = ppl_ratio(by_len[4 * C], by_len[C])
                 out[key] = {"ppl": {str(L): v for L, v in res["ppl"].items()}, "documents": res["documents"],
                             "ratio_4C_over_C": {"value": ratio[0], "ci": [ratio[1], ratio[2]],
                                                 "n": len(by_len[C])}}

@@ -68,7 +68,8 @@ def train_tokenizer(texts, vocab_size: int, out: Path):
     return fast
 
 
-def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq: int = 256) -> np.ndarray:
+def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq: int = 256,
+                    long_share: float = 0.0) -> np.ndarray:
     rng = random.Random(seed)
     plays = [d.text for d in sources.shakespeare("train")]
     code = [d.text for d in sources.python_stdlib("train")]
@@ -83,6 +84,10 @@ def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq
     out = np.zeros((n_seq, seq), dtype=np.int16)
     for s in range(n_seq):
         ids: list[int] = []
+        if rng.random() < long_share:  # one contiguous slice of a book or source file filling the whole window
+            text = rng.choices(natural, weights)[0]
+            start = rng.randrange(max(1, len(text) - 6 * seq))
+            ids = [bos] + tok(text[start : start + 6 * seq], add_special_tokens=False).input_ids
         while len(ids) < seq:
             remaining = seq - len(ids)
             if remaining < 24 or rng.random() < natural_share:
@@ -168,7 +173,7 @@ def pretrain(args):
     if data_file.exists():  # resuming: the stage's sequences are a pure function of its arguments
         data = np.load(data_file)
     else:
-        data = build_sequences(tok, n_seq, data_seed, args.natural_share, args.seq_len)
+        data = build_sequences(tok, n_seq, data_seed, args.natural_share, args.seq_len, args.long_share)
         np.save(data_file, data)
     print(f"data: {n_seq} x {args.seq_len} tokens ({time.time() - t0:.0f}s)", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -231,7 +236,7 @@ def pretrain(args):
     data_file.unlink(missing_ok=True)
     stats = {
         "stages": (previous.get("stages") or [previous]) + [None] if previous else [None],
-        "natural_share": args.natural_share, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
+        "natural_share": args.natural_share, "long_share": args.long_share, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
         "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "tokens": args.steps * args.batch * args.seq_len,
         "lr": args.lr, "warmup": args.warmup, "schedule": args.schedule, "seed": args.seed, "rope_theta": args.rope_theta,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
@@ -345,6 +350,8 @@ def main():
     ap.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                     help="after warm-up: cosine to 10%% of lr, or constant")
     ap.add_argument("--natural-share", type=float, default=0.45, help="share of sequences' documents that are natural text")
+    ap.add_argument("--long-share", type=float, default=0.0,
+                    help="share of windows that are one contiguous slice of a book / source file (no packing)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not args.gate_only:

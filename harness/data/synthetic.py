@@ -261,10 +261,12 @@ LOOKUP_QUESTIONS = [
     "{k}: which {n} was written above?", "Find {k} in the notes above and report its {n}.", "Query: {k}",
     "What {n} did the text give for {k}?", "Tell me the {n} stored for {k}.",
 ]
-LOOKUP_ANSWER_PREFIXES = [
-    "The {n} for {k} is", "Answer:", "{k} ->", "It is", "The {n} for {k} given in the notes above is",
-    "The answer is", "{k}:", "The {n} that belongs to {k} in the text is", "Result:", "The {n} is",
+LOOKUP_ANSWER_PREFIXES = [  # generic endings: the key is named earlier in the prefix, or only in the question
+    "Answer:", "It is", "The {n} for {k} given in the notes above is", "The answer is",
+    "The {n} that belongs to {k} in the text is", "Result:", "The {n} is", "The {n} for {k} mentioned above is",
+    "According to the notes, the {n} of {k} written there is", "Found it. The {n} is", "The value we need is",
 ]
+LOOKUP_ANSWER_ADJACENT = ["The {n} for {k} is", "{k} ->", "{k}:", "{n} of {k} ="]  # key right before the value
 CHAIN_ASSIGN = ["{a} = {v}", "let {a} = {v}", "{a} := {v}", "set {a} to {v}", "{a} <- {v}", "{a} equals {v}",
                 "assign {v} to {a}", "{a} is {v}", "{a} takes {v}", "put {v} into {a}"]
 CHAIN_QUESTIONS = ["Which names hold the value {v}?", "Find every variable equal to {v}.",
@@ -351,7 +353,8 @@ def _lookup(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     qa = []
     for i in asked:
         q = rng.choice(LOOKUP_QUESTIONS).format(n=noun, k=keys[i])
-        a = rng.choice(LOOKUP_ANSWER_PREFIXES).format(n=noun, k=keys[i])
+        prefixes = LOOKUP_ANSWER_PREFIXES if rng.random() < 0.75 else LOOKUP_ANSWER_ADJACENT
+        a = rng.choice(prefixes).format(n=noun, k=keys[i])
         qa.append(f"{q}{rng.choice([' ', chr(10)])}{a} {vals[i]}")
     intro = rng.choice(INTROS)
     room = budget - count(sep.join([intro] + lines + qa)) - 3
@@ -422,7 +425,8 @@ def _chain(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     if rng.random() < 0.75:
         q = rng.choice(CHAIN_QUESTIONS).format(v=values[0])
         a = rng.choice(CHAIN_ANSWER_PREFIXES).format(v=values[0])
-        tail = f"{q}{rng.choice([' ', chr(10)])}{a} {rng.choice(LIST_SEPARATORS).join(first)}"
+        joiner = " " if rng.random() < 0.5 else rng.choice(LIST_SEPARATORS)
+        tail = f"{q}{rng.choice([' ', chr(10)])}{a} {joiner.join(first)}"
     else:
         tail = rng.choice(["What is the value of {x}?", "{x} = ?", "Evaluate {x}."]).format(x=first[-1]) + \
             rng.choice([" It is", "\nAnswer:", " ->", " Value:"]) + f" {values[0]}"
@@ -430,6 +434,18 @@ def _chain(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     room = budget - count(sep.join(lines + [tail])) - 3
     body = _fill_around(rng, filler, room, count, lines)
     return sep.join(body + [tail])
+
+
+def _one_shot(kind):
+    """A document of ``kind`` preceded, sometimes, by a short solved example of the same kind (other names,
+    values and wording): the format of a one-shot prompt, where the example's answer must not be copied."""
+    def make(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+        if budget < 160 or rng.random() < 0.6:
+            return kind(rng, filler, budget, count)
+        shot = kind(rng, filler, rng.randint(40, budget // 3), count)
+        rest = budget - count(shot) - 2
+        return shot + rng.choice(["\n\n", "\n", " ", "\n---\n"]) + kind(rng, filler, rest, count)
+    return make
 
 
 def _entities(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
@@ -455,7 +471,8 @@ def _entities(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
 
 
 KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat, "cued": _cued,
-         "lookup": _lookup, "multivalue": _multivalue, "chain": _chain, "entities": _entities}
+         "lookup": _one_shot(_lookup), "multivalue": _one_shot(_multivalue), "chain": _one_shot(_chain),
+         "entities": _entities}
 KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}  # ``cued``: pretraining stages only
 
 

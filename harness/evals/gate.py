@@ -73,14 +73,15 @@ def measure_gate(handle, seed: int = 1234, passkey_n: int = 50, ruler_n: int = 5
                         out["ruler"][t] = {"value": None, "n": 0, "skipped": (res["skipped"].get(str(C)) or {}).get(t)}
                         continue
                     out["ruler"][t] = {"value": float(np.mean(xs)), "n": len(xs), "ci": list(_interval(xs))}
-    pk = out["passkey"]
+    pk, C2, C4 = out["passkey"], str(C // 2), str(4 * C)
+    ratio = out["ppl_books"]["ratio_4C_over_C"]
     checks = [
-        {"check": f"passkey at C/2 = {C // 2}", "value": pk[str(C // 2)]["value"], "rule": ">= 0.9"},
-        {"check": f"passkey at C = {C}", "value": pk[str(C)]["value"], "rule": ">= 0.9"},
-        {"check": f"passkey at 4C = {4 * C}", "value": pk[str(4 * C)]["value"], "rule": "<= 0.1"},
-        {"check": "books PPL(4C) / PPL(C)", "value": out["ppl_books"]["ratio_4C_over_C"]["value"], "rule": ">= 2.0"},
-    ] + [{"check": f"RULER {t} at C", "value": out["ruler"][t]["value"], "rule": ">= 0.5"}
-         for t in GATED_TASKS if t in out["ruler"]]
+        {"check": f"passkey at C/2 = {C2}", "value": pk[C2]["value"], "ci": pk[C2]["ci"], "rule": ">= 0.9"},
+        {"check": f"passkey at C = {C}", "value": pk[str(C)]["value"], "ci": pk[str(C)]["ci"], "rule": ">= 0.9"},
+        {"check": f"passkey at 4C = {C4}", "value": pk[C4]["value"], "ci": pk[C4]["ci"], "rule": "<= 0.1"},
+        {"check": "books PPL(4C) / PPL(C)", "value": ratio["value"], "ci": ratio["ci"], "rule": ">= 2.0"},
+    ] + [{"check": f"RULER {t} at C", "value": out["ruler"][t]["value"], "ci": out["ruler"][t].get("ci"),
+          "rule": ">= 0.5"} for t in GATED_TASKS if t in out["ruler"]]
     for c in checks:
         op, thr = c["rule"].split()
         v = c["value"]

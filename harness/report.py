@@ -48,3 +48,56 @@ def summary(row: dict) -> Table:
     for name, val in series:
         t.add_row(name, *[_fmt(val.get(L)) for L in lengths])
     return t
+
+
+def versus_base(row: dict, results_dir) -> str | None:
+    """One line: what the run changed against the frozen base model evaluated with the same suite and seed (the
+    newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
+    perplexity (the ratio to the base). ``None`` when there is no such base row (``make run`` writes one first)."""
+    import json
+    from pathlib import Path
+
+    from harness.stats import wilson
+
+    if row.get("method") == "base" and not row.get("train_info"):
+        return None
+    cfg = row.get("config") or {}
+    best = None
+    for p in sorted(Path(results_dir, "runs").glob("*.json")):
+        try:
+            r = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        rc = r.get("config") or {}
+        if (r.get("status") == "ok" and r.get("method") == "base" and not r.get("train_info")
+                and r.get("model") == row.get("model") and rc.get("eval") == cfg.get("eval")
+                and rc.get("seed") == cfg.get("seed") and rc.get("model") == cfg.get("model")):
+            best = r
+    if best is None:
+        return None
+    parts = []
+    pk, pk0 = (row["metrics"].get("passkey") or {}), (best["metrics"].get("passkey") or {})
+    n = int(pk.get("samples_per_length") or 0)
+    for L, v in (pk.get("accuracy") or {}).items():
+        v0 = (pk0.get("accuracy") or {}).get(L)
+        if v0 is None:
+            continue
+        lo, hi = wilson(round(v * n), n) if n else (float("nan"), float("nan"))
+        parts.append(f"passkey@{L} {v0:.2f} -> {v:.2f} [{lo:.2f}, {hi:.2f}]")
+    pp, pp0 = (row["metrics"].get("ppl_books") or {}).get("ppl") or {}, (best["metrics"].get("ppl_books") or {}).get("ppl") or {}
+    for L, v in pp.items():
+        if pp0.get(L):
+            parts.append(f"books PPL@{L} {pp0[L]:.1f} -> {v:.1f} (x{v / pp0[L]:.2f})")
+    return f"vs base (row {best['run_id']}, n = {n} passkey prompts per length): " + "; ".join(parts)
+
+
+def convergence_line(row: dict) -> str | None:
+    """One line: the fine-tuned row's convergence gate (``harness.evals.convergence``) with its intervals."""
+    c = (row.get("train_info") or {}).get("convergence")
+    if not c:
+        return None
+    r, pk = c.get("ppl_ratio_vs_base") or {}, c["passkey"]
+    ratio = f"{r['value']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] ({r['documents']} docs)" if r else "n/a"
+    return (f"convergence gate {'PASSED' if c['converged'] else 'NOT passed (kept out of comparisons)'}: "
+            f"PPL(C) / base {ratio}, passkey(C) {pk['value']:.2f} [{pk['ci'][0]:.2f}, {pk['ci'][1]:.2f}] "
+            f"(n={pk['n']}); rule: {c['rule']}")

@@ -97,7 +97,8 @@ def test_tiny_study_two_methods_with_joblib(tmp_path):
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", "experiment=tiny_study",
            "point=tiny_study/base,tiny_study/pi", "hydra/launcher=joblib_local",
            "eval=quick", "eval.lengths=[256,512]", "eval.suite.ppl_books.samples=1", "eval.suite.passkey.samples=2",
-           "++train.seq_len=512", "++train.tokens=4096", "++train.save_every=0"]
+           "++train.seq_len=512", "++train.tokens=4096", "++train.global_batch=4", "++train.save_every=0",
+           "++train.convergence_check=false"]
     out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(f.read_text()) for f in (tmp_path / "results" / "runs").glob("*.json")]

@@ -1,11 +1,13 @@
-"""Console output: a rich progress bar for fine-tuning and a short summary table of the row."""
+"""Console output: a rich progress bar for fine-tuning (stderr, with warnings and errors) and a short summary table
+of the row with the row's path (stdout: what a script captures)."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(stderr=True)
+console = Console(stderr=True)  # progress, warnings, errors
+out = Console()  # results: the summary table and the row path
 
 
 class TrainProgress:
@@ -48,3 +50,9 @@ def summary(row: dict) -> Table:
     for name, val in series:
         t.add_row(name, *[_fmt(val.get(L)) for L in lengths])
     return t
+
+
+def print_summary(row: dict) -> None:
+    """The summary table on stdout (also after a failure, when something was measured)."""
+    if row.get("status") == "ok" or row.get("metrics"):
+        out.print(summary(row))

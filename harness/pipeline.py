@@ -37,9 +37,13 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
     row = results.new_row(run_id, plain, names, run_dir)
     results.write_row(cfg.paths.results_dir, row)
     STARTED.append((cfg.paths.results_dir, row))
-    results.start_heartbeat(cfg.paths.results_dir, row)
-    results.atomic_write_json(run_dir / "run.json", {"run_id": run_id, "command": row["command"],
-                                                     "git_sha": row["git_sha"], "config": plain})
+    try:
+        results.start_heartbeat(cfg.paths.results_dir, row)
+        results.atomic_write_json(run_dir / "run.json", {"run_id": run_id, "command": row["command"],
+                                                         "git_sha": row["git_sha"], "config": plain})
+    except OSError as e:  # the row exists: it ends failed
+        e.row_problem = finish_row(cfg.paths.results_dir, row, e)
+        raise
     return row
 
 
@@ -50,8 +54,8 @@ def start_failed(cfg, error: OSError) -> str:
     """``start`` could not write the row or the run directory: finish the row as failed if it was written, else
     try a failed row in the results directory; returns the one line to print."""
     line = one_line(error)
-    if STARTED and STARTED[-1][1]["status"] == "running":
-        problem = finish_row(*STARTED[-1], error)
+    if hasattr(error, "row_problem"):  # the row was written and already finished as failed
+        problem = error.row_problem
     else:
         problem = fail_before_compose(cfg.paths.results_dir, line)
     return line + (f" [{problem}]" if problem else "")

@@ -47,7 +47,7 @@ class CheckpointError(RuntimeError):
         self.path = Path(path)
 
 
-class _OtherKey(CheckpointError):
+class OtherKey(CheckpointError):
     """A complete checkpoint of another resume key (never loaded, no warning)."""
 
 
@@ -198,7 +198,7 @@ class Store:
         """``meta.json`` of ``d`` after checking that every recorded file exists with its recorded size."""
         meta = read_file(d / "meta.json", lambda p: json.loads(Path(p).read_text()))
         if meta.get("key") != self.key:
-            raise _OtherKey(d / "meta.json", f"belongs to key {meta.get('key')!r}, not {self.key!r}")
+            raise OtherKey(d / "meta.json", f"belongs to key {meta.get('key')!r}, not {self.key!r}")
         for rel, size in (meta.get("files") or {}).items():
             f = d / rel
             if not f.is_file():
@@ -220,7 +220,7 @@ class Store:
                 try:
                     meta = self.verify(d)
                     return d, meta, loader(d, meta)
-                except _OtherKey:
+                except OtherKey:
                     continue
                 except CheckpointError as e:
                     nxt = f"falling back to {steps[i + 1]}" if i + 1 < len(steps) else "starting from step 0"

@@ -35,10 +35,9 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
     row = results.new_row(run_id, plain, names, run_dir)
-    results.write_row(cfg.paths.results_dir, row)
+    results.start_heartbeat(cfg.paths.results_dir, row)  # writes the row; its heartbeat then beats until finish
     STARTED.append((cfg.paths.results_dir, row))
     try:
-        results.start_heartbeat(cfg.paths.results_dir, row)
         results.atomic_write_json(run_dir / "run.json", {"run_id": run_id, "command": row["command"],
                                                          "git_sha": row["git_sha"], "config": plain})
     except OSError as e:  # the row exists: it ends failed

@@ -169,15 +169,19 @@ def write_row(results_dir: str | Path, row: dict) -> Path:
 
 
 def start_heartbeat(results_dir: str | Path, row: dict, every_s: float | None = None) -> None:
-    """Rewrite ``row``'s ``heartbeat`` every ``every_s`` seconds (env ``HARNESS_HEARTBEAT_S``, default 60) from a
-    daemon thread until ``stop_heartbeat``; the row must have been written once by ``write_row``."""
+    """Write ``row`` and rewrite its ``heartbeat`` every ``every_s`` seconds (env ``HARNESS_HEARTBEAT_S``, default
+    60) from a daemon thread until ``stop_heartbeat``."""
     global _THREAD
     every = float(every_s or os.environ.get("HARNESS_HEARTBEAT_S") or 60.0)
     row["heartbeat_every_s"] = every
     p = row_path(results_dir, row["run_id"])
     with _LOCK:
         _BEATING[p] = every
-    write_row(results_dir, row)
+    try:
+        write_row(results_dir, row)
+    except BaseException:
+        stop_heartbeat(results_dir, row)
+        raise
     with _LOCK:
         if _THREAD is None or not _THREAD.is_alive():
             _THREAD = threading.Thread(target=_beat_forever, name="row-heartbeat", daemon=True)

@@ -212,7 +212,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
     from harness.tables.rows import RowSet, load_spec
 
     rs = RowSet([row], load_spec())
-    assert rs.stale == [row] and not rs.running and any("stale" in n for n in rs.notes())
+    assert rs.stale == [row] and not rs.running and any("stale" in n for n in rs.footnotes())
 
     p = _start_run(tmp_path / "b")
     p.send_signal(signal.SIGTERM)

@@ -46,7 +46,7 @@ def main(cfg: DictConfig) -> None:
         print(f"run failed: {line}", file=sys.stderr)
         report.print_summary(row)  # what was measured before the failure is never lost, even when unwritable
         tracking.finish(tracker, row)
-        _exit_failed(line)
+        _exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a kill or Ctrl-C ends a sweep too
     tracking.finish(tracker, row)
     report.print_summary(row)
     report.out.print(f"row: {results.row_path(cfg.paths.results_dir, row['run_id'])}")
@@ -61,13 +61,14 @@ def _sharded(cfg: DictConfig) -> None:
     print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
 
 
-def _exit_failed(message: str) -> None:
+def _exit_failed(message: str, stop_sweep: bool = False) -> None:
     """Exit non-zero; inside a multirun, raise instead, so the launcher records this job as failed and the sweep's
-    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep)."""
+    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep), unless
+    ``stop_sweep``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+    if not stop_sweep and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         raise pipeline.RunFailed(message)
     sys.exit(1)
 

@@ -207,16 +207,27 @@ def run_guarded(main, argv: list[str]) -> None:
         print(f"sweep failed: {e} (every job's row says how it ended)", file=sys.stderr)
         sys.exit(1)
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001
-        line = one_line(e)
+        line = one_line(e, lines=2)
         running = [(d, r) for d, r in STARTED if r.get("status") == "running"]
         if running:  # a row this process started and did not finish
             problem = finish_row(*running[-1], e)
-        elif not STARTED:  # Hydra failed before the run began
+        elif not STARTED and _before_any_job(e, argv):  # Hydra failed before the run began
             problem = fail_before_compose(_results_dir(argv), line)
-        else:  # the run's row is finished (e.g. stdout closed while printing the summary): leave it
-            problem = None
+        else:  # the run's row is finished (e.g. stdout closed while printing the summary), or a launcher's jobs
+            problem = None  # ran elsewhere and wrote their own rows (submitit collecting results): no extra row
         print(f"run failed: {line}" + (f" [{problem}]" if problem else ""), file=sys.stderr)
         sys.exit(1)
+
+
+def _before_any_job(e: BaseException, argv: list[str]) -> bool:
+    """Whether ``e`` escaped Hydra before any job ran: always for a single run; for a sweep, a filesystem, Hydra or
+    config error (not a launcher's complaint about jobs it ran elsewhere)."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return True
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(e, (OSError, HydraException, OmegaConfBaseException))
 
 
 def _results_dir(argv: list[str]) -> str:
@@ -233,11 +244,12 @@ def _short_os_error(e: OSError) -> str:
     return f"{e.strerror or type(e).__name__}" + (f": {e.filename}" if e.filename else "")
 
 
-def one_line(e: BaseException) -> str:
+def one_line(e: BaseException, lines: int = 1) -> str:
+    """``Type: message`` on one line (the message's first ``lines`` non-empty lines joined)."""
     if isinstance(e, ConfigError):
         return str(e).splitlines()[0]
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+    msg = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()][:lines]
+    return f"{type(e).__name__}: {' '.join(msg)}".strip()
 
 
 def fail_before_compose(results_dir: str, message: str) -> str | None:

@@ -217,6 +217,10 @@ def _beat(p: Path) -> None:
         text = _LAST.get(p)
         if text is None or p not in _BEATING:
             return
+        if not p.exists():  # the row was deleted (or its directory): nothing left to keep alive
+            _BEATING.pop(p, None)
+            _LAST.pop(p, None)
+            return
         obj = json.loads(text)
         obj["heartbeat"] = now_iso()
         new = json.dumps(obj, indent=1, sort_keys=False, default=str)
@@ -225,6 +229,19 @@ def _beat(p: Path) -> None:
             _LAST[p] = new
         except OSError:
             pass  # a full or read-only disk: the row goes stale, which is what it should say
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no heartbeat thread, and the lock may have been held by the parent's: start afresh."""
+    global _LOCK, _THREAD
+    _LOCK = threading.Lock()
+    _THREAD = None
+    _BEATING.clear()
+    _LAST.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pid_alive(pid: int) -> bool:

@@ -51,6 +51,15 @@ class OtherKey(CheckpointError):
     """A complete checkpoint of another resume key (never loaded, no warning)."""
 
 
+def save_error(e: BaseException, root: Path, step: int) -> BaseException:
+    """What a failed save raises: an ``OSError`` naming the checkpoint directory and the cause (a full disk's
+    safetensors error names no file); interrupts (SIGTERM, Ctrl-C) pass unchanged."""
+    if not isinstance(e, Exception):
+        return e
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return OSError(f"cannot save checkpoint step_{step} in {root}: {type(e).__name__}: {msg}")
+
+
 # ------------------------------------------------------------------------------------------ tensors + JSON
 def encode(obj, tensors: dict, key: str = "s"):
     """A JSON-able skeleton of ``obj`` whose tensors / arrays are moved into ``tensors`` (name -> tensor)."""

@@ -67,7 +67,8 @@ import torch
 
 from harness.train import TrainArgs
 from harness.train.ema import ema_update_
-from harness.train.checkpoint import CheckpointError, OtherKey, Store, load_state, safe_torch_load, save_state
+from harness.train.checkpoint import (CheckpointError, OtherKey, Store, load_state, safe_torch_load, save_error,
+                                       save_state)
 from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -464,7 +465,10 @@ def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, ra
             store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,
                                       "tokens": tokens_per_step * step, "losses": losses})
         dist.barrier()
-    except BaseException:
+    except BaseException as e:
         if rank == 0:
             store.discard(tmp)  # a full disk: free what this save took
-        raise
+        err = save_error(e, store.root, step)
+        if err is e:
+            raise
+        raise err from e

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from harness.train import TrainArgs
-from harness.train.checkpoint import Store, load_state, read_file, save_state
+from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -54,9 +54,12 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerpri
         save_state(tmp, "train_state", {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                                         "ema": ema.state_dict() if ema else None, "rng": _rng_state()})
         return store.publish(tmp, step, {"fingerprint": fingerprint, **info})
-    except BaseException:
+    except BaseException as e:
         store.discard(tmp)  # a full disk: free what this save took, so the failed row can still be written
-        raise
+        err = save_error(e, store.root, step)
+        if err is e:
+            raise
+        raise err from e
 
 
 def load_checkpoint(ckpt_dir: Path, fingerprint: str, model, opt, sched, ema) -> dict | None:

@@ -39,6 +39,7 @@ class TrainArgs:
     save_every: int = 50  # steps between resumable checkpoints (0 = none)
     keep_checkpoints: bool = False  # keep the resumable checkpoints of a finished run (default: removed)
     max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
+    convergence_check: bool = True  # measure base and fine-tuned model inside C (harness.evals.convergence)
     log_every: int = 5
     seed: int = 0
 

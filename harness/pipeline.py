@@ -127,7 +127,8 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
 
 
 # bookkeeping keys that do not change the weights (a resumed run may change them)
-NOT_IN_RESUME_KEY = {"data": ("cache_dir",), "train": ("save_every", "log_every", "keep_checkpoints")}
+NOT_IN_RESUME_KEY = {"data": ("cache_dir",),
+                     "train": ("save_every", "log_every", "keep_checkpoints", "convergence_check")}
 
 
 def resume_key(cfg) -> str:

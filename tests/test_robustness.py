@@ -183,7 +183,7 @@ def _start_run(tmp_path, **env):
     args = QUICK[:3] + ["eval.lengths=[256,512,1024]", "eval.suite.passkey.samples=5", "eval.suite.ppl_books.samples=2"]
     p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], env=_env(tmp_path, **env), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300  # a bound on a hang, not a speed check
+    deadline = time.time() + 900  # a bound on a hang, not a speed check (process start-up took minutes at load 15)
     while not read_rows(tmp_path / "res"):
         assert p.poll() is None and time.time() < deadline, p.stderr.read() if p.poll() is not None else "no row"
         time.sleep(0.05)
@@ -200,7 +200,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
     assert liveness(row) == "running"
     t0 = time.time()
     while read_rows(tmp_path / "a" / "res")[0]["heartbeat"] == row["heartbeat"]:
-        assert time.time() - t0 < 60 and p.poll() is None, "the heartbeat does not advance"
+        assert time.time() - t0 < 300 and p.poll() is None, "the heartbeat does not advance"
         time.sleep(0.2)
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -216,7 +216,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
 
     p = _start_run(tmp_path / "b")
     p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=900)
     assert p.returncode != 0 and "Traceback" not in err, err
     assert [ln for ln in err.splitlines() if ln.strip()][-1] == "run failed: Terminated: terminated by SIGTERM"
     (row,) = read_rows(tmp_path / "b" / "res")

@@ -15,34 +15,44 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness import conf_utils, pipeline, report, shards, tracking
+from harness import conf_utils, pipeline, report, results, shards, tracking
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
         return _sharded(cfg)
-    row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    tracker = tracking.start(cfg, row)
+    pipeline.raise_on_sigterm()                                                   # kill / Slurm -> a failed row
     try:
+        row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    except OSError as e:  # the results or the run directory refuses the row: no run without a record
+        line = pipeline.start_failed(cfg, e)
+        print(f"run failed: {line}", file=sys.stderr)
+        _exit_failed(line)
+    tracker = tracking.NULL
+    try:
+        tracker = tracking.start(cfg, row)
         method, train = pipeline.validate(cfg)                                    # 0. every group, fail fast
         handle = pipeline.load_and_extend(cfg, method, train)                     # 1. model + method
         row["train_info"] = pipeline.finetune(cfg, handle, method, train, row,    # 2. fine-tune (or frozen)
                                               progress=report.TrainProgress())
         row["method_params"] = method.params()
         pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log)        # 3. every evaluator
-        pipeline.finish(cfg, row)                                                 # 4. the row
-    except Exception as e:  # noqa: BLE001 - every failure becomes a failed row + one line
-        pipeline.finish(cfg, row, error=e)
-        print(f"run failed: {row['error']}", file=sys.stderr)
-        tracker.finish(row)
-        _exit_failed(row["error"])
-    tracker.finish(row)
-    report.console.print(report.summary(row))
+        problem = pipeline.finish(cfg, row)                                       # 4. the row
+        if problem:
+            raise OSError(f"the finished row could not be written: {problem}")
+    except (Exception, KeyboardInterrupt, pipeline.Terminated) as e:  # noqa: BLE001 - every failure: a failed row
+        line = pipeline.fail(cfg, row, e)
+        print(f"run failed: {line}", file=sys.stderr)
+        report.print_summary(row)  # what was measured before the failure is never lost, even when unwritable
+        tracking.finish(tracker, row)
+        _exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a kill or Ctrl-C ends a sweep too
+    tracking.finish(tracker, row)
+    report.print_summary(row)
     for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
         if line:
-            report.console.print(line)
-    report.console.print(f"row: {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+            report.out.print(line)
+    report.out.print(f"row: {results.row_path(cfg.paths.results_dir, row['run_id'])}")
 
 
 def _sharded(cfg: DictConfig) -> None:
@@ -54,17 +64,18 @@ def _sharded(cfg: DictConfig) -> None:
     print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
 
 
-def _exit_failed(message: str) -> None:
+def _exit_failed(message: str, stop_sweep: bool = False) -> None:
     """Exit non-zero; inside a multirun, raise instead, so the launcher records this job as failed and the sweep's
-    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep)."""
+    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep), unless
+    ``stop_sweep``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise RuntimeError(message)
+    if not stop_sweep and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise pipeline.RunFailed(message)
     sys.exit(1)
 
 
 if __name__ == "__main__":
     conf_utils.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
-    main()
+    pipeline.run_guarded(main, sys.argv[1:])   # failures outside a run's try (Hydra's mkdir, ...): one line + row

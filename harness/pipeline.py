@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -23,19 +24,50 @@ GROUPS = ("model", "method", "data", "train", "eval")
 
 
 def start(cfg, run_dir: str | Path | None = None) -> dict:
+    """Create the run directory and the row (``running``, with this process's host, pid and a heartbeat). Raises
+    ``OSError`` when either cannot be written: a run that cannot record its result should not start."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     # a job requeued by Slurm (preemption, timeout) restarts in its run directory: keep its run_id, so its row is
     # rewritten rather than duplicated (training resumes from the checkpoint keyed by the config fingerprint)
     previous = Path(run_dir, "run.json") if run_dir else None
-    run_id = json.loads(previous.read_text())["run_id"] if previous and previous.is_file() else results.new_run_id()
+    run_id = _previous_run_id(previous) or results.new_run_id()
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
     row = results.new_row(run_id, plain, names, run_dir)
-    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "command": row["command"],
-                                                  "git_sha": row["git_sha"], "config": plain}, indent=1))
-    results.write_row(cfg.paths.results_dir, row)
+    results.start_heartbeat(cfg.paths.results_dir, row)  # writes the row; its heartbeat then beats until finish
+    STARTED.append((cfg.paths.results_dir, row))
+    try:
+        results.atomic_write_json(run_dir / "run.json", {"run_id": run_id, "command": row["command"],
+                                                         "git_sha": row["git_sha"], "config": plain})
+    except OSError as e:  # the row exists: it ends failed
+        e.row_problem = finish_row(cfg.paths.results_dir, row, e)
+        raise
     return row
+
+
+STARTED: list[tuple[str, dict]] = []  # rows started by this process (a failure outside ``run.py``'s try finishes them)
+
+
+def start_failed(cfg, error: OSError) -> str:
+    """``start`` could not write the row or the run directory: finish the row as failed if it was written, else
+    try a failed row in the results directory; returns the one line to print."""
+    line = one_line(error)
+    if hasattr(error, "row_problem"):  # the row was written and already finished as failed
+        problem = error.row_problem
+    else:
+        problem = fail_before_compose(cfg.paths.results_dir, line)
+    return line + (f" [{problem}]" if problem else "")
+
+
+def _previous_run_id(path: Path | None) -> str | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"warning: {path} is unreadable ({type(e).__name__}); this run gets a new run id", file=sys.stderr)
+        return None
 
 
 def validate(cfg):
@@ -70,8 +102,7 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
 def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dict | None:
     if not a.enabled:
         return None
-    fingerprint = results.config_hash({g: OmegaConf.to_container(cfg[g], resolve=True)
-                                       for g in ("model", "method", "data", "train")})
+    fingerprint = resume_key(cfg)
     ckpt_dir = Path(cfg.paths.ckpt_dir) / fingerprint
     chunks = build_data(cfg.data, handle.tokenizer, a.seq_len, a.tokens)
     if a.engine == "deepspeed":
@@ -95,6 +126,23 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
     return info
 
 
+# bookkeeping keys that do not change the weights (a resumed run may change them)
+NOT_IN_RESUME_KEY = {"data": ("cache_dir",),
+                     "train": ("save_every", "log_every", "keep_checkpoints", "convergence_check")}
+
+
+def resume_key(cfg) -> str:
+    """The key of a fine-tune's resumable checkpoints: the groups that change the weights (model, method, data,
+    train; bookkeeping keys left out) and the training code's version (``harness.codeversion``)."""
+    from harness.codeversion import train_code_version
+
+    groups = {}
+    for g in ("model", "method", "data", "train"):
+        node = OmegaConf.to_container(cfg[g], resolve=True)
+        groups[g] = {k: v for k, v in node.items() if k not in NOT_IN_RESUME_KEY.get(g, ())}
+    return results.config_hash({**groups, "code": train_code_version()})
+
+
 def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
     ctx = EvalContext(run_dir=Path(row["run_dir"]), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
@@ -108,30 +156,128 @@ def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
             on_result(key, row["metrics"][key])
 
 
-def finish(cfg, row: dict, error: BaseException | None = None) -> dict:
+def finish(cfg, row: dict, error: BaseException | None = None) -> str | None:
+    """Finish the row as ``ok`` (``error`` None) or ``failed`` with the error's one line, and stop its heartbeat.
+    Never raises for a failure to write: returns what could not be written (``None`` when everything was), after
+    trying to keep the row in the run directory (``<run_dir>/row.json``) when the results directory refuses it."""
+    return finish_row(cfg.paths.results_dir, row, error)
+
+
+def finish_row(results_dir: str, row: dict, error: BaseException | None = None) -> str | None:
     row["time_end"] = results.now_iso()
+    problems = []
     if error is None:
         row["status"] = "ok"
     else:
         row["status"] = "failed"
         row["error"] = one_line(error)
-        Path(row["run_dir"], "error.log").write_text("".join(traceback.format_exception(error)))
-    results.write_row(cfg.paths.results_dir, row)
-    return row
+        try:
+            Path(row["run_dir"], "error.log").write_text("".join(traceback.format_exception(error)))
+        except OSError as e:
+            problems.append(f"error.log not written ({_short_os_error(e)})")
+    try:
+        results.write_row(results_dir, row)
+    except OSError as e:
+        where = results.row_path(results_dir, row["run_id"])
+        problems.append(f"row {where} not updated ({_short_os_error(e)})")
+        try:
+            results.atomic_write_json(Path(row["run_dir"], "row.json"), row)
+            problems.append(f"row kept in {Path(row['run_dir'], 'row.json')}")
+        except OSError:
+            pass
+    finally:
+        results.stop_heartbeat(results_dir, row)
+    return "; ".join(problems) or None
 
 
-def one_line(e: BaseException) -> str:
+def fail(cfg, row: dict, error: BaseException) -> str:
+    """Finish ``row`` as failed and return the one line to print (with what could not be written, if anything)."""
+    problem = finish(cfg, row, error)
+    return row["error"] + (f" [{problem}]" if problem else "")
+
+
+class Terminated(BaseException):
+    """SIGTERM (Slurm preemption or time limit, ``kill``): raised in the main thread so the row ends ``failed``."""
+
+
+def raise_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+class RunFailed(RuntimeError):
+    """A run that already finished its row as failed and printed its line (inside a multirun, the launcher
+    records it as a failed job and the sweep goes on; the sweep then ends with this exception)."""
+
+
+def run_guarded(main, argv: list[str]) -> None:
+    """Call Hydra's ``main`` so that failures outside a run's own try (Hydra creating or writing the output
+    directory, a results directory that refuses the row, a failed multirun job) print one line, leave a failed
+    row where one can be written, and exit non-zero, instead of a stack trace."""
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing a trimmed stack trace
+    try:
+        main()
+    except RunFailed as e:
+        print(f"sweep failed: {e} (every job's row says how it ended)", file=sys.stderr)
+        sys.exit(1)
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001
+        line = one_line(e, lines=2)
+        running = [(d, r) for d, r in STARTED if r.get("status") == "running"]
+        if running:  # a row this process started and did not finish
+            problem = finish_row(*running[-1], e)
+        elif not STARTED and _before_any_job(e, argv):  # Hydra failed before the run began
+            problem = fail_before_compose(_results_dir(argv), line)
+        else:  # the run's row is finished (e.g. stdout closed while printing the summary), or a launcher's jobs
+            problem = None  # ran elsewhere and wrote their own rows (submitit collecting results): no extra row
+        print(f"run failed: {line}" + (f" [{problem}]" if problem else ""), file=sys.stderr)
+        sys.exit(1)
+
+
+def _before_any_job(e: BaseException, argv: list[str]) -> bool:
+    """Whether ``e`` escaped Hydra before any job ran: always for a single run; for a sweep, a filesystem, Hydra or
+    config error (not a launcher's complaint about jobs it ran elsewhere)."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return True
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(e, (OSError, HydraException, OmegaConfBaseException))
+
+
+def _results_dir(argv: list[str]) -> str:
+    """The results directory the command line would use (its own overrides, else the environment's)."""
+    try:
+        from harness.conf_utils import compose
+
+        return str(compose([a for a in argv if not a.startswith("-") and not a.startswith("hydra")]).paths.results_dir)
+    except Exception:  # noqa: BLE001 - e.g. a sweep's comma lists: the default location
+        return os.environ.get("HARNESS_RESULTS_DIR", "results")
+
+
+def _short_os_error(e: OSError) -> str:
+    return f"{e.strerror or type(e).__name__}" + (f": {e.filename}" if e.filename else "")
+
+
+def one_line(e: BaseException, lines: int = 1) -> str:
+    """``Type: message`` on one line (the message's first ``lines`` non-empty lines joined)."""
     if isinstance(e, ConfigError):
         return str(e).splitlines()[0]
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
+    msg = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()][:lines]
+    return f"{type(e).__name__}: {' '.join(msg)}".strip()
 
 
-def fail_before_compose(results_dir: str, message: str) -> None:
-    """A run whose configuration cannot even be composed still leaves a failed row (and a one-line error)."""
+def fail_before_compose(results_dir: str, message: str) -> str | None:
+    """A run whose configuration cannot even be composed still leaves a failed row (and a one-line error).
+    Returns what could not be written (``None`` when the row was)."""
     run_id = results.new_run_id()
     row = {k: None for k in results.ROW_FIELDS}
     row.update(schema=results.SCHEMA_VERSION, run_id=run_id, status="failed", error=message,
                time_start=results.now_iso(), time_end=results.now_iso(), command=" ".join(sys.argv),
                git_sha=results.git_sha(), metrics={}, timings={})
-    results.write_row(results_dir, row)
+    try:
+        results.write_row(results_dir, row)
+    except OSError as e:
+        return f"no row written: {_short_os_error(e)}"
+    return None

@@ -1,11 +1,13 @@
-"""Console output: a rich progress bar for fine-tuning and a short summary table of the row."""
+"""Console output: a rich progress bar for fine-tuning (stderr, with warnings and errors) and a short summary table
+of the row with the row's path (stdout: what a script captures)."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-console = Console(stderr=True)
+console = Console(stderr=True)  # progress, warnings, errors
+out = Console()  # results: the summary table and the row path
 
 
 class TrainProgress:
@@ -101,3 +103,9 @@ def convergence_line(row: dict) -> str | None:
     return (f"convergence gate {'PASSED' if c['converged'] else 'NOT passed (kept out of comparisons)'}: "
             f"PPL(C) / base {ratio}, passkey(C) {pk['value']:.2f} [{pk['ci'][0]:.2f}, {pk['ci'][1]:.2f}] "
             f"(n={pk['n']}); rule: {c['rule']}")
+
+
+def print_summary(row: dict) -> None:
+    """The summary table on stdout (also after a failure, when something was measured)."""
+    if row.get("status") == "ok" or row.get("metrics"):
+        out.print(summary(row))

@@ -10,6 +10,13 @@ Row schema (``ROW_FIELDS``, version ``SCHEMA_VERSION``):
   effective global batch, schedule, EMA) or ``null`` for frozen runs.
 - ``metrics``: ``{suite entry: evaluator output}``, e.g. ``metrics.passkey.accuracy["1024"]``.
 - ``config`` (resolved) and ``config_hash``; ``git_sha``; ``command``; ``versions`` (packages); ``hardware``.
+- ``host``, ``pid`` of the process that writes the row, and ``heartbeat`` (ISO, UTC): rewritten every
+  ``heartbeat_every_s`` seconds while the run lives (``start_heartbeat``), so a ``running`` row whose process was
+  killed is recognisable: ``liveness(row)`` says ``stale`` when the process is gone (same host) or the heartbeat is
+  older than a few periods (any host). ``python -m harness.status`` lists rows that way; the tables count them.
+
+Files are created readable by the group and others as the umask allows (0644 under the usual 022), never 0600,
+so teammates sharing a results directory can read every row.
 """
 from __future__ import annotations
 
@@ -18,9 +25,12 @@ import json
 import os
 import platform
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +39,7 @@ SCHEMA_VERSION = 1
 ROW_FIELDS = (
     "schema", "run_id", "status", "error", "time_start", "time_end", "model", "method", "data", "train", "eval",
     "method_params", "train_info", "metrics", "timings", "config", "config_hash", "git_sha", "command", "versions",
-    "hardware", "run_dir",
+    "hardware", "run_dir", "host", "pid", "heartbeat", "heartbeat_every_s",
 )
 PACKAGES = ("torch", "transformers", "peft", "deepspeed", "datasets", "hydra-core", "lm_eval", "tokenizers")
 
@@ -80,22 +90,48 @@ def hardware() -> dict:
     return hw
 
 
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows; else set-and-restore once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file: mkstemp's 0600 is for secrets, not results
+
+
 def atomic_write_json(path: str | Path, obj) -> None:
     """Write ``obj`` as JSON to ``path`` so that readers see either the old file or the complete new one."""
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False, default=str))
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """``atomic_write_json`` for text. An ``OSError`` names ``path`` (not the temporary file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, sort_keys=False, default=str)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    except BaseException as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and e.errno is not None and e.filename != str(path.parent):
+            raise type(e)(e.errno, e.strerror, str(path)) from None
         raise
 
 
@@ -103,7 +139,8 @@ def new_row(run_id: str, cfg: dict, names: dict, run_dir: str | Path) -> dict:
     row = {k: None for k in ROW_FIELDS}
     row.update(schema=SCHEMA_VERSION, run_id=run_id, status="running", time_start=now_iso(), metrics={}, timings={},
                config=cfg, config_hash=config_hash(cfg), git_sha=git_sha(), command=" ".join(sys.argv),
-               versions=versions(), hardware=hardware(), run_dir=str(run_dir), **names)
+               versions=versions(), hardware=hardware(), run_dir=str(run_dir), host=socket.gethostname(),
+               pid=os.getpid(), **names)
     return row
 
 
@@ -111,10 +148,140 @@ def row_path(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "runs" / f"{run_id}.json"
 
 
+# the last text written per row file: the heartbeat rewrites it with a new time, under the same lock as the
+# writers, so a heartbeat never puts back an older state of the row and never reads a row being changed
+_LAST: dict[Path, str] = {}
+_BEATING: dict[Path, float] = {}
+_LOCK = threading.Lock()
+_THREAD: threading.Thread | None = None
+
+
 def write_row(results_dir: str | Path, row: dict) -> Path:
     p = row_path(results_dir, row["run_id"])
-    atomic_write_json(p, row)
+    if row.get("status") == "running" and row.get("pid") == os.getpid():
+        row["heartbeat"] = now_iso()
+    text = json.dumps(row, indent=1, sort_keys=False, default=str)
+    with _LOCK:
+        atomic_write_text(p, text)
+        if p in _BEATING:
+            _LAST[p] = text
     return p
+
+
+def start_heartbeat(results_dir: str | Path, row: dict, every_s: float | None = None) -> None:
+    """Write ``row`` and rewrite its ``heartbeat`` every ``every_s`` seconds (env ``HARNESS_HEARTBEAT_S``, default
+    60) from a daemon thread until ``stop_heartbeat``."""
+    global _THREAD
+    every = float(every_s or os.environ.get("HARNESS_HEARTBEAT_S") or 60.0)
+    row["heartbeat_every_s"] = every
+    p = row_path(results_dir, row["run_id"])
+    with _LOCK:
+        _BEATING[p] = every
+    try:
+        write_row(results_dir, row)
+    except BaseException:
+        stop_heartbeat(results_dir, row)
+        raise
+    with _LOCK:
+        if _THREAD is None or not _THREAD.is_alive():
+            _THREAD = threading.Thread(target=_beat_forever, name="row-heartbeat", daemon=True)
+            _THREAD.start()
+
+
+def stop_heartbeat(results_dir: str | Path, row: dict) -> None:
+    p = row_path(results_dir, row["run_id"])
+    with _LOCK:
+        _BEATING.pop(p, None)
+        _LAST.pop(p, None)
+
+
+def _beat_forever() -> None:
+    due: dict[Path, float] = {}
+    while True:
+        with _LOCK:
+            items = dict(_BEATING)
+        now = time.monotonic()
+        for p, every in items.items():
+            if p not in due:
+                due[p] = now + every
+            elif now >= due[p]:
+                due[p] = now + every
+                _beat(p)
+        for p in [p for p in due if p not in items]:
+            del due[p]
+        time.sleep(max(0.05, min(min(items.values(), default=4.0) / 4, 5.0)))
+
+
+def _beat(p: Path) -> None:
+    with _LOCK:
+        text = _LAST.get(p)
+        if text is None or p not in _BEATING:
+            return
+        if not p.exists():  # the row was deleted (or its directory): nothing left to keep alive
+            _BEATING.pop(p, None)
+            _LAST.pop(p, None)
+            return
+        obj = json.loads(text)
+        obj["heartbeat"] = now_iso()
+        new = json.dumps(obj, indent=1, sort_keys=False, default=str)
+        try:
+            atomic_write_text(p, new)
+            _LAST[p] = new
+        except OSError:
+            pass  # a full or read-only disk: the row goes stale, which is what it should say
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no heartbeat thread, and the lock may have been held by the parent's: start afresh."""
+    global _LOCK, _THREAD
+    _LOCK = threading.Lock()
+    _THREAD = None
+    _BEATING.clear()
+    _LAST.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def age_s(iso: str | None) -> float | None:
+    if not iso:
+        return None
+    try:
+        return (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+def liveness(row: dict, mtime: float | None = None) -> str:
+    """``ok`` | ``failed`` | ``running`` | ``stale``: a ``running`` row is ``stale`` when its process is gone
+    (same host: the pid no longer exists) or its heartbeat stopped (any host: older than 5 periods and at least
+    2 minutes). A sharded row (``shards``) stays ``running`` while shards are missing: its jobs come and go.
+    Rows written before heartbeats existed fall back on the row file's ``mtime`` with a 1-hour window."""
+    status = row.get("status")
+    if status != "running":
+        return str(status)
+    if row.get("shards") is not None:
+        return "running"
+    if row.get("host") == socket.gethostname() and row.get("pid") and not pid_alive(row["pid"]):
+        return "stale"
+    every = row.get("heartbeat_every_s")
+    age = age_s(row.get("heartbeat"))
+    if every and age is not None:
+        return "stale" if age > max(5 * float(every), 120.0) else "running"
+    if mtime is not None and not row.get("pid"):
+        return "stale" if time.time() - mtime > 3600 else "running"
+    return "running"
 
 
 def read_rows(results_dir: str | Path) -> list[dict]:

@@ -1,6 +1,8 @@
 """Experiment tracking: wandb, offline by default (``logger=wandb``; ``logger.mode=online`` on a cluster), or none."""
 from __future__ import annotations
 
+import sys
+
 from omegaconf import OmegaConf
 
 
@@ -33,6 +35,17 @@ class _Wandb:
     def finish(self, row):
         self.run.summary["status"] = row["status"]
         self.run.finish(exit_code=0 if row["status"] == "ok" else 1)
+
+
+NULL = _Null()
+
+
+def finish(tracker, row) -> None:
+    """Close the tracker; a tracker that fails to close (wandb's disk full, ...) costs a warning, not the row."""
+    try:
+        tracker.finish(row)
+    except Exception as e:  # noqa: BLE001
+        print(f"warning: experiment tracker did not finish cleanly: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def start(cfg, row):

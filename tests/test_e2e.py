@@ -84,6 +84,7 @@ def test_frozen_base_quick_suite(tmp_path):
     r = _run(["method=base", "train=none", "eval=quick", "eval.suite.passkey.samples=4"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (row,) = read_rows(tmp_path / "res")
+    assert f"row: {tmp_path / 'res' / 'runs' / row['run_id']}.json" in r.stdout  # results on stdout
     assert row["train_info"] is None and row["status"] == "ok"
     acc = row["metrics"]["passkey"]["accuracy"]
     assert set(acc) == {"512", "1024", "2048"} and all(0.0 <= v <= 1.0 for v in acc.values())

@@ -246,3 +246,86 @@ def test_zero3_two_ranks_matches_single_engine_and_loads(tmp_path):
         # Adam turns float-rounding differences (allreduce vs accumulation order) of near-zero gradients into
         # occasional different updates: bound the worst element loosely, the mean tightly vs the distance moved
         assert diff.max().item() < 2e-3 and diff.mean().item() < 0.01 * moved + 1e-7, (n, diff.max().item(), moved)
+
+
+DS_PARENT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from pathlib import Path
+    from harness.train import deepspeed_engine as de
+    spec = de.write_spec({cfg!r}, Path({ckpt!r}), "fp", Path({job!r}))
+    sys.exit(de.run_torchrun(spec, 2))
+""")
+
+
+def test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact(tmp_path):
+    """SIGKILL of the process that launched torchrun (run.py's place) ends torchrun and both ranks within seconds,
+    and no checkpoint appears after the kill; the same job started again resumes from the newest checkpoint
+    (DeepSpeed files read with weights_only=True) and ends with the weights of an uninterrupted 2-rank run."""
+    psutil = pytest.importorskip("psutil")
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from harness.config import to_args
+    from harness.data import build_data
+    from harness.methods import build_method
+    from harness.models import build_model
+    from harness.train import deepspeed_engine as de
+
+    plain = {
+        "model": {"name": "tiny_llama", "path": str(_model_dir(tmp_path)), "native_ctx": 64},
+        "method": {"name": "base"},
+        "data": {"name": "local_mix", "shares": {"synthetic": 1.0}, "synthetic_docs": 40, "doc_tokens": 256,
+                 "cache_dir": str(tmp_path / "cache"), "seed": 0},
+        "train": {"name": "t", "enabled": True, "engine": "deepspeed", "world_size": 2, "seq_len": 64,
+                  "tokens": 64 * 2 * 24, "global_batch": 2, "micro_batch": 1, "lr": 5e-3, "warmup_steps": 1,
+                  "ema": True, "ema_decay": 0.5, "save_every": 1, "autocast": "float32", "log_every": 1, "seed": 0},
+        "seed": 0}
+    cfg = OmegaConf.create(plain)
+    a = to_args(TrainArgs, cfg.train, "train")
+    handle = build_model(cfg.model)
+    build_data(cfg.data, handle.tokenizer, a.seq_len, a.tokens)  # the ranks reuse this cache
+    ckpt = tmp_path / "ckpt"
+    code = DS_PARENT.format(root=str(ROOT), cfg=plain, ckpt=str(ckpt), job=str(tmp_path / "job"))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.time() + 600  # a bound on a hang, not a speed check
+    while not list(ckpt.glob("step_*")):
+        assert parent.poll() is None and time.time() < deadline, "the 2-rank job made no checkpoint"
+        time.sleep(0.1)
+    family = psutil.Process(parent.pid).children(recursive=True)
+    assert len(family) >= 3, family  # torchrun + 2 ranks
+    parent.kill()
+    parent.wait()
+    t0 = time.time()
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family) and time.time() - t0 < 60:
+        time.sleep(0.2)
+    alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in family:  # never leave a stray rank behind, even when the test fails
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not alive, f"processes still running {time.time() - t0:.0f} s after the parent was killed: {alive}"
+    print(f"ranks gone {time.time() - t0:.1f} s after the parent was killed")
+    steps = sorted(int(d.name.split("_")[1]) for d in ckpt.glob("step_*"))
+    time.sleep(2)
+    assert sorted(int(d.name.split("_")[1]) for d in ckpt.glob("step_*")) == steps  # nothing writes any more
+    assert steps and steps[-1] < 24
+
+    def fresh():
+        method = build_method(cfg.method)
+        h = build_model(cfg.model)
+        method.apply(h)
+        return h, method
+
+    h1, m1 = fresh()
+    info = de.launch(cfg, h1, m1, a, ckpt, "fp", tmp_path / "run1")  # the same job again: resumes
+    assert info["resumed_from_step"] == steps[-1] and len(info["losses"]) == 24
+    assert not list(ckpt.glob("step_*"))  # a finished run removes its checkpoints
+    h2, m2 = fresh()
+    ref = de.launch(cfg, h2, m2, a, tmp_path / "ckpt_ref", "fp", tmp_path / "run2")
+    assert ref["resumed_from_step"] is None and ref["losses"] == info["losses"]
+    w1 = load_file(tmp_path / "run1" / "train_job" / "final" / "model.safetensors")
+    w2 = load_file(tmp_path / "run2" / "train_job" / "final" / "model.safetensors")
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)

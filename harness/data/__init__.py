@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,14 +35,25 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:12]
 
 
+def cache_key(args, tokenizer, seq_len: int, n_tokens: int) -> dict:
+    """What the packed data is a function of: the builder's arguments (without ``cache_dir``: where the cache lives
+    does not change the data), the tokenizer, the lengths, the data code and the library versions. Builders must be
+    pure functions of this key (no dependence on ``PYTHONHASHSEED``, the working directory or the machine);
+    ``tests/test_data.py`` checks it for every registered builder setting and synthetic kind."""
+    from harness.codeversion import data_code_version
+
+    plain = {k: v for k, v in asdict(args).items() if k != "cache_dir"}
+    return {"args": plain, "tok": tokenizer_fingerprint(tokenizer), "L": seq_len, "N": n_tokens,
+            "code": data_code_version()}
+
+
 def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.ndarray:
     """Load the chunk array for this (args, tokenizer, seq_len, n_tokens) from cache, or ``build()`` and store it.
 
     ``build`` returns the array, or ``(array, stats)``: the stats (mixture provenance) go to the ``.json`` beside
     the ``.npy`` with the cache key. Writes are atomic (temporary file + rename), so concurrent readers (the ranks
     of a distributed run) only ever see a complete cache file."""
-    key = json.dumps({"args": asdict(args), "tok": tokenizer_fingerprint(tokenizer), "L": seq_len, "N": n_tokens},
-                     sort_keys=True)
+    key = json.dumps(cache_key(args, tokenizer, seq_len, n_tokens), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = Path(args.cache_dir) / f"{args.name}-{seq_len}-{digest}.npy"
     if path.exists():
@@ -49,11 +61,17 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
     out = build()
     arr, stats = out if isinstance(out, tuple) else (out, None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
-    np.save(tmp, arr)
-    (path.with_suffix(".json")).write_text(json.dumps({"key": json.loads(key), "shape": list(arr.shape),
-                                                       "dtype": str(arr.dtype), "stats": stats}, indent=1))
-    tmp.replace(path)
+    tag = f"{os.getpid()}-{secrets.token_hex(3)}"
+    tmp, tmp_meta = path.with_name(f".{path.stem}.{tag}.tmp.npy"), path.with_name(f".{path.stem}.{tag}.tmp.json")
+    try:
+        np.save(tmp, arr)
+        tmp_meta.write_text(json.dumps({"key": json.loads(key), "shape": list(arr.shape), "dtype": str(arr.dtype),
+                                        "stats": stats}, indent=1))
+        tmp_meta.replace(path.with_suffix(".json"))
+        tmp.replace(path)
+    finally:  # a full disk or a kill leaves no partial file behind
+        tmp.unlink(missing_ok=True)
+        tmp_meta.unlink(missing_ok=True)
     return np.load(path, mmap_mode="r")
 
 

@@ -140,10 +140,11 @@ def _retrieval(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
 def _kv(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     n = rng.randint(2, 12)
     word_keys = rng.random() < 0.6
-    keys = set()
+    keys: list[str] = []  # distinct, in draw order (a set's order would depend on PYTHONHASHSEED)
     while len(keys) < n:
-        keys.add(f"{rng.choice(ADJS)}-{rng.choice(NOUNS)}" if word_keys else str(rng.randint(100, 99999)))
-    keys = list(keys)
+        key = f"{rng.choice(ADJS)}-{rng.choice(NOUNS)}" if word_keys else str(rng.randint(100, 99999))
+        if key not in keys:
+            keys.append(key)
     vals = [_value(rng) for _ in keys]
     line_fmt = rng.choice(["{a}: {b}", "{a} = {b}", "key {a} value {b}", "\"{a}\": \"{b}\"", "{a} -> {b}"])
     sep = rng.choice(SEPARATORS)

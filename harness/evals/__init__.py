@@ -63,6 +63,11 @@ def split_lengths(lengths, handle, method) -> tuple[list[int], dict]:
 
 
 def write_jsonl(path: Path, records) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    except OSError as e:  # a full disk's write() error names no file: name it
+        if e.filename is None and e.errno is not None:
+            raise type(e)(e.errno, e.strerror, str(path)) from None
+        raise

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from harness.results import liveness
+
 HERE = Path(__file__).parent
 
 
@@ -164,7 +166,9 @@ class RowSet:
     def __init__(self, rows: list[dict], spec: dict):
         self.spec = spec
         self.failed = [r for r in rows if r.get("status") == "failed"]
-        self.running = [r for r in rows if r.get("status") not in ("ok", "failed")]
+        unfinished = [r for r in rows if r.get("status") not in ("ok", "failed")]
+        self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
+        self.running = [r for r in unfinished if liveness(r) != "stale"]
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         groups: dict = {}
         for r in ok:
@@ -255,6 +259,10 @@ class RowSet:
             notes.append(f"{len(self.failed)} failed run(s) ignored: {ids}{more}.")
         if self.running:
             notes.append(f"{len(self.running)} unfinished run(s) (status running) ignored.")
+        if self.stale:
+            ids = ", ".join(sorted(str(r.get("run_id")) for r in self.stale)[:6])
+            notes.append(f"{len(self.stale)} stale run(s) ignored (status running, but the process is gone or its "
+                         f"heartbeat stopped: killed): {ids}.")
         return notes
 
 

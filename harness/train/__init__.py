@@ -36,7 +36,8 @@ class TrainArgs:
     offload: bool = False  # deepspeed: offload optimizer + params to CPU
     optimizer: str = "auto"  # deepspeed: auto (DeepSpeed AdamW on GPU / with offload, else torch AdamW) | torch | deepspeed
     doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
-    save_every: int = 50  # steps between resumable checkpoints (0 = only at the end)
+    save_every: int = 50  # steps between resumable checkpoints (0 = none)
+    keep_checkpoints: bool = False  # keep the resumable checkpoints of a finished run (default: removed)
     max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
     convergence_check: bool = True  # measure base and fine-tuned model inside C (harness.evals.convergence)
     log_every: int = 5

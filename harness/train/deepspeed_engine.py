@@ -31,9 +31,20 @@ difference from an EMA of the master weights. With ZeRO stage 0-2 parameters are
 covers the full tensors.
 
 Resumption: every ``save_every`` steps all ranks write a DeepSpeed checkpoint (model, optimizer partitions, client
-scheduler) plus one file per rank (EMA partition, RNG states) into ``<ckpt_dir>/.tmp-step_N``; rank 0 adds
-``meta.json`` (step, fingerprint, losses) and renames it to ``step_N`` (atomic). The data position is the step
-(``batches_for_step``), so a killed run started again with the same command continues with the same batches.
+scheduler) plus one state per rank (EMA partition, RNG states; tensors + JSON) into a temporary directory of this
+run's own; rank 0 publishes it as ``step_N`` under the key's lock (``harness.train.checkpoint.Store``: ``meta.json``
+with step, key, losses and every file's size). The data position is the step (``batches_for_step``), so a killed
+run started again with the same command continues with the same batches. On resume rank 0 holds the lock while
+every rank checks the newest checkpoint's files (sizes, its own state file); if any rank finds a bad file, rank 0
+warns naming it and all ranks move on to the previous checkpoint together. DeepSpeed's own files are read with
+``torch.load(weights_only=True)`` (a few DeepSpeed classes allow-listed), never by unpickling arbitrary objects.
+A corrupt file that keeps its size and fails inside ``engine.load_checkpoint`` fails the run (ranks cannot agree
+on a fallback from inside DeepSpeed's collective load).
+
+Process lifetime: torchrun gets SIGTERM when the launching process dies (Linux ``PR_SET_PDEATHSIG``; torchrun then
+stops its ranks), and every rank watches its parent and the launching process (``HARNESS_LAUNCHER_PID``) and kills
+itself within a second of either disappearing, so a killed ``run.py`` never leaves ranks training and writing
+checkpoints.
 
 Limitations: every rank loads the full model in host memory before DeepSpeed partitions it (no ``zero.Init``);
 for LLaMA2-7B in bf16 that is ~13.5 GB per rank. ``run.py`` launches one node; for several nodes run
@@ -45,8 +56,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +67,8 @@ import torch
 
 from harness.train import TrainArgs
 from harness.train.ema import ema_update_
+from harness.train.checkpoint import (CheckpointError, OtherKey, Store, load_state, safe_torch_load, save_error,
+                                       save_state)
 from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -120,15 +135,46 @@ def write_spec(cfg_plain: dict, ckpt_dir: Path, fingerprint: str, job_dir: Path)
     return path
 
 
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child (``preexec_fn``): have the kernel send ``sig`` when the parent dies (Linux; elsewhere a no-op,
+    the ranks' watchdog still ends them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_torchrun(spec_path: Path, world_size: int, log=None) -> int:
-    """Start ``world_size`` ranks on this node and wait; returns torchrun's exit code."""
+    """Start ``world_size`` ranks on this node and wait; returns torchrun's exit code. torchrun and its ranks end
+    when this process ends, however it ends (see the module docstring)."""
     env = os.environ.copy()
     env.setdefault("TORCH_EXTENSIONS_DIR", _torch_extensions_dir())
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["HARNESS_LAUNCHER_PID"] = str(os.getpid())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
            str(ENTRY), str(spec_path)]
-    return subprocess.run(cmd, env=env, cwd=os.getcwd(), stdout=log, stderr=subprocess.STDOUT if log else None).returncode
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    return subprocess.run(cmd, env=env, cwd=os.getcwd(), stdout=log, stderr=subprocess.STDOUT if log else None,
+                          preexec_fn=preexec).returncode
+
+
+def watch_launcher(poll_s: float = 1.0) -> None:
+    """In a rank: kill this process as soon as its parent (torchrun) or the launching ``run.py`` is gone."""
+    from harness.results import pid_alive
+
+    parent = os.getppid()
+    launcher = int(os.environ.get("HARNESS_LAUNCHER_PID") or 0)
+
+    def watch():
+        while True:
+            if os.getppid() != parent or (launcher and not pid_alive(launcher)):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
 def load_final(handle, method, out_dir: Path) -> dict:
@@ -200,18 +246,67 @@ def _gather_full(p: torch.Tensor, local: torch.Tensor, dev) -> torch.Tensor:
     return torch.cat(parts)[: p.ds_numel].view(p.ds_shape)
 
 
-def latest_ds_checkpoint(ckpt_dir: Path, fingerprint: str, world: int) -> Path | None:
-    best = None
-    for d in Path(ckpt_dir).glob("step_*"):
+def deepspeed_safe_globals() -> list:
+    """The classes besides tensors and containers that DeepSpeed's checkpoint files hold (allow-listed for
+    ``torch.load(weights_only=True)``)."""
+    out = []
+    for mod, names in (("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
+                       ("deepspeed.runtime.zero.config", ("ZeroStageEnum",)),
+                       ("deepspeed.utils.tensor_fragment", ("fragment_address",))):
         try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            m = __import__(mod, fromlist=list(names))
+        except ImportError:
             continue
-        if meta.get("fingerprint") != fingerprint or meta.get("world_size") != world:
-            continue
-        if best is None or meta["step"] > best[0]:
-            best = (meta["step"], d)
-    return best[1] if best else None
+        out += [getattr(m, n) for n in names if hasattr(m, n)]
+    return out
+
+
+def _safe_checkpoint_engine(engine) -> None:
+    """Make DeepSpeed read its checkpoint files with ``torch.load(weights_only=True)``."""
+    allowed = deepspeed_safe_globals()
+    engine.checkpoint_engine.load = lambda path, map_location=None: safe_torch_load(path, map_location, allowed)
+
+
+def _resume(engine, ema, store: Store, rank: int, world: int):
+    """Load the newest checkpoint every rank can read (see the module docstring); its ``meta.json`` or None."""
+    import torch.distributed as dist
+
+    lock = store.lock() if rank == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        dist.barrier()
+        box = [[str(d) for d in store.steps()] if rank == 0 and store.root.is_dir() else []]
+        dist.broadcast_object_list(box, src=0)
+        for i, d in enumerate(Path(p) for p in box[0]):
+            meta, state, err = None, None, None
+            try:
+                meta = store.verify(d)
+                if meta.get("world_size") == world:
+                    state = load_state(d, f"rank{rank}")
+            except CheckpointError as e:
+                err = (str(e.path), str(e).split(": ", 1)[-1], isinstance(e, OtherKey))
+            errs = [None] * world
+            dist.all_gather_object(errs, err)
+            bad = [e for e in errs if e is not None]
+            if bad:
+                if rank == 0 and not all(e[2] for e in bad):
+                    nxt = f"falling back to {box[0][i + 1]}" if i + 1 < len(box[0]) else "starting from step 0"
+                    print(f"warning: checkpoint file {bad[0][0]} is unusable ({bad[0][1]}); {nxt}", file=sys.stderr,
+                          flush=True)
+                continue
+            if meta.get("world_size") != world:
+                continue  # written by another number of ranks: another partition layout
+            engine.load_checkpoint(str(d), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
+            if ema is not None and state["ema"] is not None:
+                ema.shadow = [t.clone() for t in state["ema"]]
+            _set_rng_state(state["rng"])
+            return meta
+        return None
+    finally:
+        dist.barrier()
+        if lock is not None:
+            lock.release()
 
 
 def train_rank(spec_path: str | Path, started: float | None = None) -> dict | None:
@@ -226,6 +321,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     from harness.models import build_model
 
     t_start = started or time.time()
+    watch_launcher()
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.create(spec["config"])
     a = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
@@ -271,14 +367,10 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     ema = PartitionEMA(ema_params, a.ema_decay) if a.ema else None
 
     start, resumed_from, losses = 0, None, []
-    last = latest_ds_checkpoint(ckpt_dir, fingerprint, world)
-    if last is not None:
-        engine.load_checkpoint(str(last), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
-        st = torch.load(last / f"rank{rank}.pt", weights_only=False)
-        if ema is not None and st["ema"] is not None:
-            ema.shadow = [t.clone() for t in st["ema"]]
-        _set_rng_state(st["rng"])
-        meta = json.loads((last / "meta.json").read_text())
+    _safe_checkpoint_engine(engine)
+    store = Store(ckpt_dir, fingerprint)
+    meta = _resume(engine, ema, store, rank, world)
+    if meta is not None:
         start = resumed_from = meta["step"]
         losses = list(meta.get("losses", []))
 
@@ -309,7 +401,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
             print(f"[zero{a.zero_stage} x{world}] step {step + 1}/{total} loss {losses[-1]:.4f} "
                   f"{tps:.0f} tok/s ETA {eta:.0f}s", file=sys.stderr, flush=True)
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
-            _save(engine, ema, ckpt_dir, step + 1, fingerprint, world, rank, losses, tokens_per_step)
+            _save(engine, ema, store, step + 1, fingerprint, world, rank, losses, tokens_per_step)
     wall = time.time() - t0
     phase("train")
 
@@ -352,29 +444,31 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
         tmp.rename(final)
         print(f"[zero{a.zero_stage} x{world}] done; seconds per phase {phases}", file=sys.stderr, flush=True)
     dist.barrier()
+    if rank == 0 and not a.keep_checkpoints:
+        store.cleanup()  # finished: the gathered weights are in the run directory
     dist.destroy_process_group()
     return info
 
 
-def _save(engine, ema, ckpt_dir: Path, step: int, fingerprint: str, world: int, rank: int, losses: list,
+def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, rank: int, losses: list,
           tokens_per_step: int) -> None:
     import torch.distributed as dist
 
-    tmp = ckpt_dir / f".tmp-step_{step}"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-    torch.save({"ema": ema.shadow if ema is not None else None, "rng": _rng_state()}, tmp / f"rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint, "world_size": world,
-                                                   "tokens": tokens_per_step * step, "losses": losses}))
-        final = ckpt_dir / f"step_{step}"
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)  # atomic: a step_N directory is complete or absent
-        for old in ckpt_dir.glob("step_*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    box = [str(store.new_tmp(step)) if rank == 0 else None]  # this run's own temporary directory
+    dist.broadcast_object_list(box, src=0)
+    tmp = Path(box[0])
+    try:
+        engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        save_state(tmp, f"rank{rank}", {"ema": ema.shadow if ema is not None else None, "rng": _rng_state()})
+        dist.barrier()
+        if rank == 0:
+            store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,
+                                      "tokens": tokens_per_step * step, "losses": losses})
+        dist.barrier()
+    except BaseException as e:
+        if rank == 0:
+            store.discard(tmp)  # a full disk: free what this save took
+        err = save_error(e, store.root, step)
+        if err is e:
+            raise
+        raise err from e

@@ -1,16 +1,16 @@
 """Single-process fine-tuning engine: AdamW + linear warm-up + EMA, resumable from atomic checkpoints.
 
-Resumption: checkpoints live in ``ckpt_dir`` (keyed by the run's fingerprint: model, method, data and train
-configs), each written to a temporary directory and renamed into place, holding model, optimizer, scheduler, EMA,
-step (= data position: chunk ``i`` of the packed data is used at a fixed step) and every RNG state. Started again
-with the same command, a killed run resumes from the newest complete checkpoint and, on CPU, ends with the same
-weights as an uninterrupted run. A checkpoint with a different fingerprint is never resumed from.
+Resumption: checkpoints live in ``ckpt_dir`` (the directory of the run's resume key: model, method, data and train
+configs plus the training code's version; ``harness.train.checkpoint``), each written to a temporary directory of
+its own and renamed into place under a lock, holding model, optimizer, scheduler, EMA, step (= data position:
+chunk ``i`` of the packed data is used at a fixed step) and every RNG state, as tensors + JSON (no pickle). Started
+again with the same command, a killed run resumes from the newest checkpoint that loads (a corrupt one is named in
+a warning and the previous one used) and, on CPU, ends with the same weights as an uninterrupted run. A checkpoint
+with another key is never resumed from. A finished run removes the checkpoints unless ``train.keep_checkpoints``.
 """
 from __future__ import annotations
 
-import json
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from harness.train import TrainArgs
+from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -45,35 +46,37 @@ def _set_rng_state(s: dict) -> None:
     random.setstate(s["python"])
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerprint: str, info: dict) -> None:
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_dir / f".tmp-step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "ema": ema.state_dict() if ema else None, "rng": _rng_state()}, tmp / "state.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint, **info}))
-    final = ckpt_dir / f"step_{step}"
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)  # atomic on POSIX: a checkpoint directory is either absent or complete
-    for old in ckpt_dir.glob("step_*"):
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerprint: str, info: dict) -> Path:
+    store = Store(ckpt_dir, fingerprint)
+    tmp = store.new_tmp(step)
+    try:
+        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
+        save_state(tmp, "train_state", {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                        "ema": ema.state_dict() if ema else None, "rng": _rng_state()})
+        return store.publish(tmp, step, {"fingerprint": fingerprint, **info})
+    except BaseException as e:
+        store.discard(tmp)  # a full disk: free what this save took, so the failed row can still be written
+        err = save_error(e, store.root, step)
+        if err is e:
+            raise
+        raise err from e
 
 
-def latest_checkpoint(ckpt_dir: Path, fingerprint: str) -> Path | None:
-    best = None
-    for d in ckpt_dir.glob("step_*"):
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if meta.get("fingerprint") != fingerprint:
-            continue
-        if best is None or meta["step"] > best[0]:
-            best = (meta["step"], d)
-    return best[1] if best else None
+def load_checkpoint(ckpt_dir: Path, fingerprint: str, model, opt, sched, ema) -> dict | None:
+    """Restore the newest loadable checkpoint into the given objects; its ``meta.json`` or None."""
+
+    def load(d: Path, meta: dict) -> dict:
+        state = load_state(d, "train_state")  # everything read and checked before anything is changed
+        read_file(d / "model.safetensors", lambda p: load_model(model, p, strict=True))
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        if ema and state["ema"]:
+            ema.load_state_dict(state["ema"])
+        _set_rng_state(state["rng"])
+        return meta
+
+    _, meta, _ = Store(ckpt_dir, fingerprint).load_newest(load)
+    return meta
 
 
 def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, fingerprint: str,
@@ -97,16 +100,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     accumulation = a.accumulation()
     start, resumed_from = 0, None
     losses: list[float] = []
-    last = latest_checkpoint(ckpt_dir, fingerprint)
-    if last is not None:
-        load_model(model, str(last / "model.safetensors"), strict=True)
-        st = torch.load(last / "state.pt", weights_only=False)
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        if ema and st["ema"]:
-            ema.load_state_dict(st["ema"])
-        _set_rng_state(st["rng"])
-        meta = json.loads((last / "meta.json").read_text())
+    meta = load_checkpoint(ckpt_dir, fingerprint, model, opt, sched, ema)
+    if meta is not None:
         start = resumed_from = meta["step"]
         losses = list(meta.get("losses", []))
     bos = handle.tokenizer.bos_token_id if handle.tokenizer is not None else None
@@ -135,6 +130,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
             save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1), "losses": losses})
     wall = time.time() - t0
+    if not a.keep_checkpoints:
+        Store(ckpt_dir, fingerprint).cleanup()  # finished: the weights go to the run directory
     if ema:
         ema.copy_to(model)
     model.eval()

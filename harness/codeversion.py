@@ -1,0 +1,63 @@
+"""What changes results besides the config: content digests of the code that produces the data and the weights.
+
+Keys built from these digests (the data cache, the resume key of training checkpoints) change when that code
+changes, committed or not, and do not depend on where the repository, the cache or the checkpoints live. A git
+sha would be coarser (a docs commit would invalidate every checkpoint) and blind to uncommitted edits.
+Ground floor: imports nothing from the harness.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "harness"
+
+
+def digest(files) -> str:
+    """sha256 (16 hex) over the sorted (path relative to the repository, content) of ``files``."""
+    h = hashlib.sha256()
+    for f in sorted({Path(f).resolve() for f in files}):
+        try:
+            rel = f.relative_to(ROOT).as_posix()
+        except ValueError:
+            rel = f.name
+        h.update(rel.encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _versions(*packages: str) -> dict:
+    out = {"python": platform.python_version()}
+    for p in packages:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def data_code_version() -> dict:
+    """The data builders (every file under ``harness/data``, so a synthetic kind added later is covered) and the
+    evaluation-template filter they apply, plus the library versions that tokenise and shuffle."""
+    files = list((HARNESS / "data").rglob("*.py")) + [HARNESS / "evals" / "templates.py"]
+    return {"code": digest(files), **_versions("numpy", "tokenizers", "transformers")}
+
+
+# bookkeeping and reporting modules: editing them never changes a trained weight
+NOT_NUMERICAL = {"tables", "report.py", "tracking.py", "results.py", "status.py", "shards.py", "sweeps.py"}
+
+
+@functools.lru_cache(maxsize=None)
+def train_code_version() -> dict:
+    """Everything that can change fine-tuned weights: the harness (models, methods, data, training step and
+    engines; tables and reports excluded), the distributed entry point and the numerical libraries."""
+    files = [f for f in HARNESS.rglob("*.py") if not set(f.relative_to(HARNESS).parts) & NOT_NUMERICAL]
+    files.append(ROOT / "scripts" / "train_distributed.py")
+    return {"code": digest(f for f in files if f.is_file()),
+            **_versions("torch", "transformers", "peft", "deepspeed", "numpy")}

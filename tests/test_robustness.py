@@ -1,0 +1,267 @@
+"""Runs that survive unwritable or full directories, kills and reruns: one line and a failed row where a row can be
+written, no stack trace, nothing measured lost; killed runs recognisable (pid, host, heartbeat -> ``stale``); rows
+readable by teammates; results on stdout."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from harness import pipeline, results
+from harness.results import liveness, read_rows
+
+QUICK = ["method=base", "train=none", "eval=quick", "eval.lengths=[256]", "eval.suite.passkey.samples=1",
+         "eval.suite.ppl_books.samples=1"]
+
+
+def _env(tmp_path, **over):
+    env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
+           "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
+    env.update({k: str(v) for k, v in over.items()})
+    return env
+
+
+def _run(args, env, prelude: str | None = None, timeout=600):
+    """``run.py args``; with ``prelude``, that code runs first in the same process (to inject failures)."""
+    if prelude is None:
+        cmd = [sys.executable, str(ROOT / "run.py"), *args]
+    else:
+        code = prelude + f"\nimport runpy, sys\nsys.argv = [{str(ROOT / 'run.py')!r}] + {list(args)!r}\n" \
+                         f"runpy.run_path({str(ROOT / 'run.py')!r}, run_name='__main__')\n"
+        cmd = [sys.executable, "-c", code]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def _one_clean_line(r, *must_contain):
+    """Non-zero exit, no stack trace, and a last stderr line ``run failed: ...`` naming what it must name."""
+    assert r.returncode != 0, r.stdout[-2000:]
+    text = r.stdout + r.stderr
+    assert "Traceback" not in text and "Error executing job" not in text and "HYDRA_FULL_ERROR" not in text, text
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith("run failed: "), last
+    for m in must_contain:
+        assert m in last, (m, last)
+    return last
+
+
+@contextmanager
+def _tmpfs(path: Path, size: str = "1m", readonly: bool = False, full: bool = False):
+    """A small filesystem at ``path`` (root, Linux): read-only or full. Skips where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        pytest.skip("mounting a small filesystem needs root on Linux")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        (path / "runs").mkdir()
+        if full:
+            with open(path / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                except OSError:
+                    pass
+        if readonly:
+            subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# ------------------------------------------------------------------------------------------ unwritable places
+@pytest.mark.parametrize("kind", ["file", "readonly", "full"])
+def test_results_dir_that_refuses_the_row(tmp_path, kind):
+    """A results directory that is a file, read-only or full: the run does not start, one line names the row."""
+    res = tmp_path / "res"
+    if kind == "file":
+        res.write_text("not a directory")
+        r = _run(QUICK, _env(tmp_path))
+    else:
+        with _tmpfs(res, "64k", readonly=kind == "readonly", full=kind == "full"):
+            r = _run(QUICK, _env(tmp_path))
+    last = _one_clean_line(r, str(res / "runs"))
+    assert "[no row written: " in last  # says that no row could be written
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("samples"))  # nothing evaluated
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_outputs_dir_unwritable_before_the_run(tmp_path, multirun):
+    """Hydra's own mkdir of the run directory fails: one line naming the directory and a failed row."""
+    (tmp_path / "out").write_text("not a directory")
+    r = _run((["-m"] if multirun else []) + QUICK, _env(tmp_path))
+    _one_clean_line(r, str(tmp_path / "out"))
+    (row,) = read_rows(tmp_path / "res")
+    assert row["status"] == "failed" and str(tmp_path / "out") in row["error"]
+
+
+FILL_DISK_WHEN_MEASURED = textwrap.dedent("""
+    import errno, os, pathlib
+    import harness.results as R
+    _write, _text = R.atomic_write_text, pathlib.Path.write_text
+    full = []
+    def write(path, text):  # the disk fills once the first evaluator result is being written
+        if full or ('"metrics": {}' not in text and '"metrics"' in text):
+            full.append(1)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return _write(path, text)
+    def write_text(self, *a, **k):
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return _text(self, *a, **k)
+    R.atomic_write_text = write
+    pathlib.Path.write_text = write_text
+""")
+
+
+def test_disk_filling_mid_run(tmp_path):
+    """The disk fills after the first evaluator result (injected ENOSPC for every later write, the error handler's
+    included): one line saying what could not be written, the measured metric still printed on stdout, and the row
+    left behind is recognisably dead (``stale``), not ``running`` forever."""
+    r = _run(QUICK[:3] + ["eval.lengths=[256,512]", "eval.suite.passkey.samples=1", "eval.suite.ppl_books.samples=1"],
+             _env(tmp_path), prelude=FILL_DISK_WHEN_MEASURED)
+    last = _one_clean_line(r, "No space left on device", "not updated")
+    assert "ppl_books.ppl" in r.stdout  # what was measured before the failure is not lost
+    (row,) = read_rows(tmp_path / "res")
+    assert row["status"] == "running" and row["pid"] and row["host"] == socket.gethostname()
+    assert liveness(row) == "stale", last
+    s = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "res")], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert s.returncode == 0 and "stale" in s.stdout and row["run_id"] in s.stdout
+
+
+def test_error_handler_write_failures_never_raise(tmp_path):
+    """The failure handler itself cannot write (results dir and run dir refuse): it returns what it could not
+    write instead of raising, and keeps the row in the run directory when only the results directory refuses."""
+    (tmp_path / "res").write_text("a file")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    row = results.new_row("r1", {}, {}, run_dir)
+    problem = pipeline.finish_row(str(tmp_path / "res"), row, RuntimeError("boom"))
+    assert row["status"] == "failed" and row["error"] == "RuntimeError: boom"
+    assert "not updated" in problem and "row kept in" in problem
+    assert json.loads((run_dir / "row.json").read_text())["status"] == "failed"
+    row2 = results.new_row("r2", {}, {}, tmp_path / "res" / "nowhere")  # run dir cannot exist either
+    problem2 = pipeline.finish_row(str(tmp_path / "res"), row2, RuntimeError("boom"))
+    assert "error.log not written" in problem2 and "not updated" in problem2
+
+
+def test_failed_row_start_in_process_is_one_line(tmp_path, capsys):
+    """``run_guarded``: an exception escaping Hydra before the run began (injected) -> one line + a failed row."""
+    env = {"HARNESS_RESULTS_DIR": str(tmp_path / "res")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        def boom():
+            raise PermissionError(errno.EACCES, "Permission denied", "/some/outputs/2026-01-01")
+
+        with pytest.raises(SystemExit) as ex:
+            pipeline.run_guarded(boom, ["method=base"])
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert ex.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["run failed: PermissionError: [Errno 13] Permission denied: '/some/outputs/2026-01-01'"]
+    (row,) = read_rows(tmp_path / "res")
+    assert row["status"] == "failed" and "/some/outputs" in row["error"]
+
+
+# ------------------------------------------------------------------------------------------ killed runs
+def _start_run(tmp_path, **env):
+    args = QUICK[:3] + ["eval.lengths=[256,512,1024]", "eval.suite.passkey.samples=5", "eval.suite.ppl_books.samples=2"]
+    p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], env=_env(tmp_path, **env), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 900  # a bound on a hang, not a speed check (process start-up took minutes at load 15)
+    while not read_rows(tmp_path / "res"):
+        assert p.poll() is None and time.time() < deadline, p.stderr.read() if p.poll() is not None else "no row"
+        time.sleep(0.05)
+    return p
+
+
+def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
+    """A live run's row carries pid, host and a heartbeat that advances; SIGKILL leaves it ``running`` but shown as
+    ``stale`` by ``liveness``, ``python -m harness.status`` and the tables; SIGTERM (Slurm, ``kill``) ends the
+    row ``failed``."""
+    p = _start_run(tmp_path / "a", HARNESS_HEARTBEAT_S=0.3)
+    (row,) = read_rows(tmp_path / "a" / "res")
+    assert row["pid"] == p.pid and row["host"] == socket.gethostname() and row["heartbeat_every_s"] == 0.3
+    assert liveness(row) == "running"
+    t0 = time.time()
+    while read_rows(tmp_path / "a" / "res")[0]["heartbeat"] == row["heartbeat"]:
+        assert time.time() - t0 < 300 and p.poll() is None, "the heartbeat does not advance"
+        time.sleep(0.2)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    (row,) = read_rows(tmp_path / "a" / "res")
+    assert row["status"] == "running" and liveness(row) == "stale"
+    s = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "a" / "res")], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert "1 stale" in s.stdout and f"{socket.gethostname()}:{p.pid}" in s.stdout, s.stdout
+    from harness.tables.rows import RowSet, load_spec
+
+    rs = RowSet([row], load_spec())
+    assert rs.stale == [row] and not rs.running and any("stale" in n for n in rs.footnotes())
+
+    p = _start_run(tmp_path / "b")
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=900)
+    assert p.returncode != 0 and "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if ln.strip()][-1] == "run failed: Terminated: terminated by SIGTERM"
+    (row,) = read_rows(tmp_path / "b" / "res")
+    assert row["status"] == "failed" and row["error"] == "Terminated: terminated by SIGTERM"
+
+
+def test_liveness_rules(monkeypatch):
+    now = results.now_iso()
+    old = "2020-01-01T00:00:00+00:00"
+    here = socket.gethostname()
+    assert liveness({"status": "ok"}) == "ok" and liveness({"status": "failed"}) == "failed"
+    assert liveness({"status": "running", "host": here, "pid": os.getpid(), "heartbeat": now,
+                     "heartbeat_every_s": 60}) == "running"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert liveness({"status": "running", "host": here, "pid": dead.pid, "heartbeat": now,
+                     "heartbeat_every_s": 60}) == "stale"
+    other = {"status": "running", "host": "another-node", "pid": 1, "heartbeat_every_s": 60}
+    assert liveness({**other, "heartbeat": now}) == "running"
+    assert liveness({**other, "heartbeat": old}) == "stale"
+    assert liveness({**other, "heartbeat": old, "shards": {"train": "missing"}}) == "running"  # sharded: jobs come and go
+    assert liveness({"status": "running"}, mtime=time.time() - 7200) == "stale"  # a row from before heartbeats
+    assert liveness({"status": "running"}, mtime=time.time()) == "running"
+
+
+# ------------------------------------------------------------------------------------------ sharing
+def test_rows_and_run_files_readable_by_teammates(tmp_path):
+    """Rows and atomically written files get the umask's mode (0644 under 022, 0640 under 027), never mkstemp's
+    0600; checkpoint directories are listable (0755 under 022)."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        os.umask(0o027)
+        sys.path.insert(0, {str(ROOT)!r})
+        from harness import results
+        from harness.train.checkpoint import Store
+        results.write_row({str(tmp_path / "r27")!r}, {{"run_id": "x", "status": "ok"}})
+        d = Store({str(tmp_path / "ck27")!r}, "k").new_tmp(1)
+        print(oct(os.stat(d).st_mode & 0o777))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert os.stat(tmp_path / "r27" / "runs" / "x.json").st_mode & 0o777 == 0o640
+    assert r.stdout.strip() == oct(0o750)
+    old = os.umask(0o022)
+    os.umask(old)
+    if old == 0o022:
+        p = results.write_row(tmp_path / "r", {"run_id": "y", "status": "ok"})
+        assert os.stat(p).st_mode & 0o777 == 0o644

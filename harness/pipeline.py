@@ -16,6 +16,7 @@ from harness.config import ConfigError, to_args
 from harness.data import build_data
 from harness.evals import EvalContext, build_evaluators
 from harness.methods import build_method, check_checkpoint_method, save_method
+from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model
 from harness.train import TrainArgs
 
@@ -41,18 +42,26 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
 def validate(cfg):
     """Check every group before anything expensive happens: method, train recipe and eval suite arguments."""
     method = build_method(cfg.method)
+    attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()
     build_evaluators(OmegaConf.to_container(cfg.eval.suite, resolve=True))
     return method, train
 
 
+def attention_args(cfg) -> AttentionArgs:
+    a = to_args(AttentionArgs, cfg.get("attention"), "attention")
+    a.validate()
+    return a
+
+
 def load_and_extend(cfg, method):
-    """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method."""
+    """Model + method: load the base (or a fine-tuned checkpoint), choose the attention backend, apply the method."""
     handle = build_model(cfg.model)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
+    set_backend(handle.model, attention_args(cfg).backend)
     method.apply(handle)
     return handle
 

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run test test-slow bench tables status tiny-model clean
+.PHONY: help setup run test test-slow bench bench-gpu bench-gpu-smoke plan tables status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,15 @@ test-slow: setup ## the slow tier (SmolLM2, longer runs)
 
 bench: setup ## speed/memory benchmarks -> results/bench.json
 	$(PY) scripts/bench.py
+
+bench-gpu: setup ## on one CUDA GPU: fused vs reference attention, training step, generation -> results/bench_gpu.json
+	$(PY) benchmarks/bench_gpu.py $(ARGS)
+
+bench-gpu-smoke: setup ## the same at tiny sizes on CPU (a temp file; part of the default test tier)
+	$(PY) benchmarks/bench_gpu.py --smoke $(ARGS)
+
+plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours): EXP=paper_llama2
+	$(PY) scripts/plan.py experiment=$(or $(EXP),paper_llama2) hydra/launcher=slurm_a100
 
 tables: setup ## regenerate the paper's tables and figures from results/runs/
 	$(PY) scripts/make_tables.py

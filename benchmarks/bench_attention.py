@@ -8,6 +8,13 @@ set size (RSS) right before the 16C forward and its peak during it (a sampling t
 forward itself needs (weights excluded). Falls back to a random model of tiny_llama's shape when the shipped weights
 are absent.
 
+Second part (issue 17, ``backends``): the fused backend (``attention.backend=flex``, ``harness/methods/_flex.py``) vs
+the reference tile loops, one fp32 decoder forward of tiny_llama at the tiny suite's lengths C..16C (C = 256), median
+of 3 after a warm-up, in one process; plus LongLoRA's S2-Attn and packed-document masking at the training length 8C
+(forward + backward). On CPU, torch 2.13 runs flex_attention eagerly (an unfused implementation that materialises
+the scores behind a dynamo trace; its compiled CPU path has no log-sum-exp and no backward), and CPU backward goes
+through the dense evaluation of the same masks, so ``auto`` keeps the reference on CPU; these numbers say by how much.
+
     python scripts/bench.py attention
 """
 from __future__ import annotations
@@ -99,6 +106,86 @@ def measure(name: str, mult: int = 16) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+BACKENDS_CHILD = r"""
+import json, os, statistics, sys, time, warnings
+sys.path.insert(0, {root!r})
+warnings.simplefilter("ignore")
+import torch
+torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+from harness.conf_utils import group_defaults
+from harness.methods import build_method
+from harness.methods import _flex as fx
+from harness.models import load_model
+
+def timed(fn, reps=3):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return round(statistics.median(ts), 4)
+
+out = []
+gen = torch.Generator().manual_seed(0)
+for name in ("base", "self_extend", "lm_infinite"):
+    handle = load_model("tiny_llama")
+    fx.set_backend(handle.model, "reference")
+    build_method(group_defaults("method", name)).apply(handle)
+    dec = handle.model.get_decoder()
+    C = handle.native_ctx
+    for mult in (1, 2, 4, 8, 16):
+        ids = torch.randint(10, 1000, (1, mult * C), generator=gen)
+        for backend in (("sdpa",) if name == "base" else ("reference", "flex")):
+            for m in fx.bw.attention_modules(handle.model):
+                m.harness_attn_backend = "reference" if backend == "sdpa" else backend
+            with torch.no_grad():
+                sec = timed(lambda: dec(input_ids=ids, use_cache=False))
+            out.append({{"method": name, "backend": backend, "tokens": mult * C, "part": "prefill (no grad)",
+                         "seconds": sec}})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+for name, docs in (("longlora", False), ("base", True)):
+    for backend in ("reference", "flex"):
+        handle = load_model("tiny_llama")
+        fx.set_backend(handle.model, backend)
+        meth = build_method(group_defaults("method", name))
+        meth.apply(handle)
+        meth.train_mode(handle)
+        model = handle.model
+        model.train()
+        L = 8 * handle.native_ctx
+        ids = torch.randint(10, 1000, (1, L), generator=gen)
+        kw = {{"position_ids": (torch.arange(L) % 256)[None], "use_cache": False}} if docs else {{}}
+        def step():
+            model(input_ids=ids, labels=ids, **kw).loss.backward()
+            model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            fwd = timed(lambda: model(input_ids=ids, **kw), reps=2)
+        out.append({{"method": name + ("+documents" if docs else " (S2-Attn)"), "backend": backend, "tokens": L,
+                     "part": "training forward (no grad)", "seconds": fwd}})
+        out.append({{"method": name + ("+documents" if docs else " (S2-Attn)"), "backend": backend, "tokens": L,
+                     "part": "training forward + backward", "seconds": timed(step, reps=2)}})
+        print(json.dumps(out[-2:]), file=sys.stderr, flush=True)
+print(json.dumps(out))
+"""
+
+
+def backends() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, "-c", BACKENDS_CHILD.format(root=str(ROOT))], capture_output=True, text=True,
+                       env=env, timeout=7200)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    ratio = {}
+    for r in rows:
+        if r["backend"] == "flex":
+            ref = next(x for x in rows if x["method"] == r["method"] and x["tokens"] == r["tokens"]
+                       and x["part"] == r["part"] and x["backend"] == "reference")
+            ratio[f"{r['method']} @ {r['tokens']} ({r['part']})"] = round(r["seconds"] / ref["seconds"], 2)
+    return {"model": "tiny_llama (4 layers, fp32, batch 1)", "device": "cpu", "rows": rows,
+            "flex_over_reference_time": ratio,
+            "flex_no_slower": {k: v <= 1.0 for k, v in ratio.items()}}
+
+
 def run() -> dict:
     rows = {m: measure(m) for m in METHODS}
     base = rows["base"].get("peak_increase_mb")
@@ -107,7 +194,8 @@ def run() -> dict:
             r["peak_vs_base"] = round(r["peak_increase_mb"] / base, 3) if base > 0 else None
     limit = {m: rows[m].get("peak_vs_base") for m in ("self_extend", "lm_infinite")}
     return {"length_multiple_of_C": 16, "rows": rows,
-            "within_1.5x_of_base": {m: (v is not None and v <= 1.5) for m, v in limit.items()}}
+            "within_1.5x_of_base": {m: (v is not None and v <= 1.5) for m, v in limit.items()},
+            "backends": backends()}
 
 
 if __name__ == "__main__":

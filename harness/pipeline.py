@@ -17,6 +17,7 @@ from harness.config import ConfigError, to_args
 from harness.data import build_data
 from harness.evals import EvalContext, build_evaluators
 from harness.methods import build_method, check_checkpoint_method, save_method
+from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model
 from harness.train import TrainArgs
 
@@ -73,17 +74,24 @@ def _previous_run_id(path: Path | None) -> str | None:
 def validate(cfg):
     """Check every group before anything expensive happens: method, train recipe and eval suite arguments."""
     method = build_method(cfg.method)
+    attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()
     build_evaluators(OmegaConf.to_container(cfg.eval.suite, resolve=True))
     return method, train
 
 
+def attention_args(cfg) -> AttentionArgs:
+    a = to_args(AttentionArgs, cfg.get("attention"), "attention")
+    a.validate()
+    return a
+
+
 def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None):
-    """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method. Before a
-    fine-tuning run the base model is measured inside its window first (``harness.evals.convergence``), so that the
-    fine-tuned row can be compared with it on the same documents and prompts. ``before_extend(handle)`` lets a
-    caller measure the base model too (learning curves)."""
+    """Model + method: load the base (or a fine-tuned checkpoint), choose the attention backend, apply the extension
+    method. Before a fine-tuning run the base model is measured inside its window first
+    (``harness.evals.convergence``), so that the fine-tuned row can be compared with it on the same documents and
+    prompts. ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
     handle = build_model(cfg.model)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
@@ -95,6 +103,7 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
                                                            autocast=str(cfg.get("autocast", "auto")))
     if before_extend is not None:
         before_extend(handle)
+    set_backend(handle.model, attention_args(cfg).backend)
     method.apply(handle)
     return handle
 

@@ -23,7 +23,8 @@ from harness.results import atomic_write_json, hardware, now_iso, versions  # no
 def main(argv: list[str]) -> int:
     out = ROOT / "results" / "bench.json"
     data = json.loads(out.read_text()) if out.exists() else {}
-    files = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    # bench_gpu.py is `make bench-gpu`: it writes its own results/bench_gpu.json on a CUDA GPU only
+    files = sorted(f for f in (ROOT / "benchmarks").glob("bench_*.py") if f.stem != "bench_gpu")
     if argv:
         files = [f for f in files if f.stem.removeprefix("bench_") in argv]
     status = 0

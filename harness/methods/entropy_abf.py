@@ -54,14 +54,22 @@ def entropy_abf_attention(module, query, key, value, attention_mask, **kwargs):
     return _base_function(module, cfg["base"])(module, query, key, value, attention_mask, **kwargs)
 
 
-def register_attention(base: str) -> None:
+def attn_name(base: str) -> str:
+    """One registered name per wrapped implementation: mask builders are global per name, so two models wrapping
+    different implementations (e.g. sdpa and attention.backend=flex's harness_causal) must not share one."""
+    return ATTN_NAME if base == "sdpa" else f"{ATTN_NAME}_{base}"
+
+
+def register_attention(base: str) -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, entropy_abf_attention)
+    name = attn_name(base)
+    AttentionInterface.register(name, entropy_abf_attention)
     mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
     if mask_fn is not None:
-        AttentionMaskInterface.register(ATTN_NAME, mask_fn)
+        AttentionMaskInterface.register(name, mask_fn)
+    return name
 
 
 @METHODS.register("entropy_abf")
@@ -81,9 +89,9 @@ class EntropyABF(Method):
         model = handle.model
         set_rope_parameters(model, rope_type="default", rope_theta=float(a.rope_theta))
         base = model.config._attn_implementation
-        if base == ATTN_NAME:  # applied twice: keep the first wrapped implementation
+        if base.startswith(ATTN_NAME):  # applied twice: keep the first wrapped implementation
             base = next(m._eabf["base"] for m in model.modules() if "_eabf" in m.__dict__)
-        register_attention(base)
+        name = register_attention(base)
         cfg = {"base": base, "native_ctx": int(a.log_base or handle.native_ctx),
                "exempt_layers": 0 if a.scale_all_layers else int(a.exempt_layers)}
         n = 0
@@ -93,4 +101,4 @@ class EntropyABF(Method):
                 n += 1
         if n == 0:
             raise ConfigError("method=entropy_abf: found no attention modules (need Llama-style q_proj/layer_idx)")
-        model.set_attn_implementation(ATTN_NAME)
+        model.set_attn_implementation(name)

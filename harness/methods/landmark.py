@@ -55,6 +55,7 @@ import torch
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
+from harness.methods import _flex as fx
 
 ATTN_NAME = "harness_landmark"
 TOKEN = "<landmark>"
@@ -199,6 +200,8 @@ def _retrieval(q, k, v, is_mem_new, valid, scale, q_block, mem_freq, top_k, inv)
 def landmark_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
                        landmark_is_mem=None, **kwargs):
     mem_freq, top_k, q_block = module.harness_landmark
+    fx.use_fused(module, query, method="landmark", reason="its grouped softmax needs one normaliser per (query, "
+                 "block), which no flex mask or score_mod expresses")  # auto -> this reference; flex -> one line
     b, h, lq, d = query.shape
     kv = key.shape[2]
     dev = query.device

@@ -32,6 +32,7 @@ import torch
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
+from harness.methods import _flex as fx
 
 ATTN_NAME = "harness_lm_infinite"
 
@@ -39,6 +40,9 @@ ATTN_NAME = "harness_lm_infinite"
 def lm_infinite_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
                           **kwargs):
     n_global, n_local, limit, block_q, block_k = module.harness_lm_infinite
+    if fx.use_fused(module, query):  # attention.backend: flex (local band + global keys, log-sum-exp merge)
+        return fx.lm_infinite(module, query, key, value, attention_mask, bw.default_scaling(module, scaling),
+                              position_ids, n_global, n_local, limit)
     inv = module.harness_inv_freq
     b, h, lq, d = query.shape
     n_kv, kv = key.shape[1], key.shape[2]

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
+from harness.methods import _flex as fx
 from harness.methods.rope import set_rope_parameters
 
 ATTN_NAME = "harness_longlora_s2"
@@ -107,6 +108,8 @@ def s2_attention(module, query, key, value, attention_mask, scaling=None, dropou
     group = int(n * ratio)
     if group < 1 or n % group:
         raise ValueError(f"longlora: sequence length {n} is not divisible by the S2-Attn group size {group}")
+    if fx.use_fused(module, query):  # attention.backend: flex (one call, head-dependent block mask)
+        return fx.s2(query, key, value, attention_mask, scale, group, shift, impl)
     out = s2_attention_heads(query, k, v, valid, group, shift, impl, scale)
     return out.transpose(1, 2).contiguous(), None
 

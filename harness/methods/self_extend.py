@@ -36,6 +36,7 @@ import torch
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
+from harness.methods import _flex as fx
 
 ATTN_NAME = "harness_self_extend"
 
@@ -58,6 +59,9 @@ def relative_positions(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, gr
 def self_extend_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
                           **kwargs):
     window, group, float_shift, block_q, block_k = module.harness_self_extend
+    if fx.use_fused(module, query):  # attention.backend: flex (two flex calls merged by log-sum-exp)
+        return fx.self_extend(module, query, key, value, attention_mask, bw.default_scaling(module, scaling),
+                              position_ids, window, group, group_shift(window, group, float_shift))
     inv = module.harness_inv_freq
     b, h, lq, d = query.shape
     n_kv, kv = key.shape[1], key.shape[2]

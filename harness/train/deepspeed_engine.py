@@ -318,6 +318,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     from harness.config import to_args
     from harness.data import build_data
     from harness.methods import build_method
+    from harness.methods._flex import AttentionArgs, set_backend
     from harness.models import build_model
 
     t_start = started or time.time()
@@ -344,6 +345,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     torch.manual_seed(a.seed)
     method = build_method(cfg.method)  # the same model + method as the parent process (deterministic)
     handle = build_model(cfg.model)
+    set_backend(handle.model, to_args(AttentionArgs, cfg.get("attention"), "attention").backend)
     method.apply(handle)
     chunks = build_data(cfg.data, handle.tokenizer, a.seq_len, a.tokens)  # memory-mapped cache (built by the parent)
     bos = handle.tokenizer.bos_token_id

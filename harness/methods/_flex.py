@@ -1,0 +1,331 @@
+"""Fused attention backends for the methods whose attention is not plain causal (not a method: the leading
+underscore keeps it out of the registry's autoload). Selected by config, ``attention.backend``:
+
+- ``reference``: the methods' own blocked tile loops (``_blockwise.py`` and the method files): the tested reference;
+- ``flex``: ``torch.nn.attention.flex_attention`` with block masks (``create_block_mask``), no new kernel;
+- ``auto`` (default): ``flex`` on CUDA, ``reference`` on CPU (measured: ``make bench``, key ``attention``; on CPU
+  torch's flex_attention is an unfused, materialising implementation behind a dynamo trace, ~0.2 s per call).
+
+What each method's fused path computes (every one equals its reference, tested on CPU in
+``tests/test_attention_backends.py``):
+
+- Self-Extend: two flex calls, the neighbour band (``0 <= m - n < W``, the normal logits) and the grouped part
+  (``m - n >= W``, queries / keys re-rotated to their grouped positions), each returning its log-sum-exp; merged by
+  log-sum-exp, which is exactly one softmax over the union (the original's flash path merges the same way).
+- LM-Infinite: one flex call over the local band (``0 <= i - j < n_local``), plus the global branch (at most
+  ``n_global`` keys seen at the clipped distance) as a plain [L x n_global] matmul; merged by log-sum-exp.
+- LongLoRA's S2-Attn (training): one flex call whose mask depends on the head (half the heads in groups of G, the
+  other half in groups shifted by G/2; ``s2_impl: roll`` rolls the shifted heads' q/k/v around the call, as the
+  original does), instead of one SDPA call per group. Outside training LongLoRA is plain causal attention (SDPA).
+- Plain causal attention with document masking (``harness_causal``): causal + key padding + documents found from
+  ``position_ids`` that restart (transformers' ``find_packed_sequence_indices`` rule: a new document wherever the
+  position does not grow by 1), as one flex block mask instead of transformers' dense [B, 1, L, L] mask. Installed
+  for the methods that keep the model's own attention (RoPE methods, LongRoPE2's mixed windows, ``train.doc_masking``)
+  when the backend is ``flex`` (or ``auto`` on CUDA while the model uses ``sdpa``); a call with one document and no
+  padding goes to SDPA's causal kernel. Entropy-ABF wraps whatever implementation the model has (its query scaling
+  happens before), so under ``flex`` it wraps this one.
+- Landmark: no fused path. Its grouped softmax needs a normaliser per (query, block) pair, which neither a mask nor a
+  pointwise ``score_mod`` can express; the reference stays (``auto`` picks it; an explicit ``flex`` fails clearly).
+
+Kernel policy: CUDA runs ``torch.compile(flex_attention)`` and ``create_block_mask(_compile=True)`` (block-sparse:
+empty tiles are skipped, so the local bands cost O(L x window)); CPU runs flex_attention eagerly. torch 2.13's CPU
+flex_attention has no backward ("FlexAttention does not support backward on CPU") and its compiled CPU path has no
+log-sum-exp; so when a CPU call needs gradients, the same mask function is evaluated densely here (``dense_attention``:
+the math flex's eager path performs, tested equal to it), which makes the training paths' gradients testable on CPU.
+Block masks are cached across the layers of one forward (same mask, same positions / padding tensors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harness.methods import _blockwise as bw
+
+BACKENDS = ("auto", "reference", "flex")
+CAUSAL_NAME = "harness_causal"
+STOCK = ("sdpa", "eager")  # model attention implementations that harness_causal may replace
+
+
+@dataclass
+class AttentionArgs:
+    """The ``attention`` config node (conf/config.yaml)."""
+
+    backend: str = "auto"  # auto | reference | flex
+
+    def validate(self) -> None:
+        from harness.config import ConfigError
+
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"attention.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+# ---------------------------------------------------------------------------------------------------- selection
+def set_backend(model, backend: str = "auto") -> None:
+    """Choose the attention backend of ``model`` (call before ``method.apply``): stored on every attention module
+    (``module.harness_attn_backend``, read by the methods' attention functions at call time); a model that still uses
+    a stock implementation (sdpa / eager) is switched to ``harness_causal`` when the backend is ``flex``, or ``auto``
+    on a CUDA machine, so packed documents get a block mask instead of a dense one."""
+    AttentionArgs(backend).validate()
+    for m in bw.attention_modules(model):
+        m.harness_attn_backend = backend
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl in STOCK and (backend == "flex" or (backend == "auto" and torch.cuda.is_available())):
+        model.set_attn_implementation(CAUSAL_NAME)
+
+
+def resolve(module, device: torch.device) -> str:
+    """The backend an attention call runs: ``reference`` or ``flex`` (``auto`` resolved by the tensors' device)."""
+    b = getattr(module, "harness_attn_backend", "auto")
+    if b == "auto":
+        return "flex" if device.type == "cuda" else "reference"
+    return b
+
+
+def use_fused(module, query: torch.Tensor, method: str | None = None, reason: str = "") -> bool:
+    """True when this call should take the fused path. ``method`` + ``reason``: the method has no fused path; an
+    explicit ``flex`` is refused with one clear line, ``auto`` falls back to the reference."""
+    b = resolve(module, query.device)
+    if method is not None and b != "reference":
+        if getattr(module, "harness_attn_backend", "auto") == "auto":
+            return False
+        raise ValueError(f"attention.backend={b} is not available for method={method}: {reason}; "
+                         f"use attention.backend=reference (or auto)")
+    return b != "reference"
+
+
+# ---------------------------------------------------------------------------------------------------- the kernel
+_COMPILED = None
+_MASKS: list = []  # [(key, tensors, BlockMask)], most recent last
+
+
+def _flex_fn(device: torch.device):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _COMPILED
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED is None:
+        _COMPILED = torch.compile(flex_attention)
+    return _COMPILED
+
+
+def block_mask(mask_mod, key: tuple, tensors: tuple, batch: int, heads: int | None, q_len: int, kv_len: int,
+               device: torch.device):
+    """``create_block_mask`` with a small cache: a mask with the same ``key`` (kind, parameters) whose captured
+    ``tensors`` (positions, padding) are equal is reused (the layers of one forward share it)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    full_key = (key, batch, heads, q_len, kv_len, str(device))
+    for k, ts, bm in reversed(_MASKS):
+        if k == full_key and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ts, tensors)):
+            return bm
+    bm = create_block_mask(mask_mod, batch, heads, q_len, kv_len, device=device, _compile=device.type == "cuda")
+    _MASKS.append((full_key, tuple(t.detach().clone() for t in tensors), bm))
+    del _MASKS[:-8]
+    return bm
+
+
+def dense_attention(q, k, v, mask_mod, scale: float):
+    """The math of flex_attention with a mask function, evaluated densely in float32 (differentiable on any device):
+    q [B, H, Lq, D], k/v [B, H_kv, KV, D] -> (out [B, H, Lq, D] float32, lse [B, H, Lq] natural log, -inf for rows
+    with no visible key, whose output is 0 as flex's)."""
+    b, h, lq, _ = q.shape
+    n_kv, kv = k.shape[1], k.shape[2]
+    dev = q.device
+    idx = (torch.arange(b, device=dev)[:, None, None, None], torch.arange(h, device=dev)[None, :, None, None],
+           torch.arange(lq, device=dev)[None, None, :, None], torch.arange(kv, device=dev)[None, None, None, :])
+    m = mask_mod(*idx).expand(b, h, lq, kv)
+    g = h // n_kv
+    kk = k.float().repeat_interleave(g, dim=1) if g > 1 else k.float()
+    vv = v.float().repeat_interleave(g, dim=1) if g > 1 else v.float()
+    s = torch.matmul(q.float(), kk.transpose(-1, -2)) * scale
+    seen = m.any(-1)
+    lse = torch.logsumexp(torch.where(m, s, torch.where(seen[..., None], bw.NEG_INF, 0.0)), dim=-1)
+    lse = torch.where(seen, lse, torch.full_like(lse, bw.NEG_INF))
+    p = torch.exp(s - torch.where(seen, lse, 0.0)[..., None]) * m
+    return torch.matmul(p, vv), lse
+
+
+def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: bool = False, lse: bool = False):
+    """One flex_attention call: q [B, H, Lq, D], k/v [B, H_kv, KV, D] (GQA not expanded) -> out [B, H, Lq, D]
+    (float32 when ``lse``, else q's dtype) and, with ``lse``, the log-sum-exp [B, H, Lq] (float32, natural log).
+    ``mask_mod(b, h, q_idx, kv_idx)`` indexes the captured ``tensors``; ``heads``: the mask depends on the head."""
+    b, h, lq, _ = q.shape
+    kv = k.shape[2]
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, l_ = dense_attention(q, k, v, mask_mod, scale)
+        return (out, l_) if lse else out.to(q.dtype)
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    bm = block_mask(mask_mod, key, tensors, b, h if heads else None, lq, kv, q.device)
+    res = _flex_fn(q.device)(q, k, v, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != h,
+                             return_aux=AuxRequest(lse=True) if lse else None)
+    if lse:
+        out, aux = res
+        return out.float(), aux.lse.float()
+    return res
+
+
+def merge(parts) -> torch.Tensor:
+    """Log-sum-exp merge of attention over disjoint key sets: [(out [B, H, L, D], lse [B, H, L])] -> the output of
+    one softmax over their union (float32). Rows that see no key anywhere give 0."""
+    lses = torch.stack([lse for _, lse in parts])
+    m = lses.amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(lses - m)
+    den = w.sum(0)
+    out = sum(o.float() * w[i][..., None] for i, (o, _) in enumerate(parts))
+    return out / torch.where(den > 0, den, torch.ones_like(den))[..., None]
+
+
+def _result(out: torch.Tensor, query: torch.Tensor):
+    """An AttentionInterface return value: (out [B, L, H, D] in the query's dtype, no weights)."""
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _context(query, key, attention_mask, position_ids):
+    b, _, lq, _ = query.shape
+    kv = key.shape[2]
+    q_pos, k_pos = bw.positions(position_ids, b, lq, kv, query.device)
+    valid = bw.key_valid(attention_mask, b, kv, query.device)
+    return q_pos, k_pos, valid, kv - lq
+
+
+# ---------------------------------------------------------------------------------------------------- Self-Extend
+def self_extend(module, query, key, value, attention_mask, scale: float, position_ids, window: int, group: int,
+                shift: float):
+    """Self-Extend (neighbour band + grouped positions, one softmax) as two flex calls merged by log-sum-exp."""
+    q_pos, k_pos, valid, off = _context(query, key, attention_mask, position_ids)
+    inv = module.harness_inv_freq
+    tensors = (q_pos, k_pos, valid)
+
+    def near(b, h, qi, ki):
+        return (qi + off >= ki) & valid[b, ki] & (q_pos[b, qi] - k_pos[b, ki] < window)
+
+    def far(b, h, qi, ki):
+        return (qi + off >= ki) & valid[b, ki] & (q_pos[b, qi] - k_pos[b, ki] >= window)
+
+    parts = [flex(query, key, value, near, ("se_near", window, off), tensors, scale, lse=True)]
+    if key.shape[2] and bool((q_pos.max() - k_pos.min()) >= window):
+        qg_pos = torch.div(q_pos, group, rounding_mode="floor") + shift
+        kg_pos = torch.div(k_pos, group, rounding_mode="floor")
+        q_grp = bw.rotate(query.float(), qg_pos - q_pos, inv).to(query.dtype)
+        k_grp = bw.rotate(key.float(), kg_pos - k_pos, inv).to(key.dtype)
+        parts.append(flex(q_grp, k_grp, value, far, ("se_far", window, off), tensors, scale, lse=True))
+    return _result(merge(parts), query)
+
+
+# ---------------------------------------------------------------------------------------------------- LM-Infinite
+def lm_infinite(module, query, key, value, attention_mask, scale: float, position_ids, n_global: int, n_local: int,
+                limit: int):
+    """LM-Infinite's Lambda mask: the local band through flex, the (at most n_global) global keys seen at the
+    clipped distance as a small dense matmul, merged by log-sum-exp."""
+    q_pos, k_pos, valid, off = _context(query, key, attention_mask, position_ids)
+    inv = module.harness_inv_freq
+    b, h, lq, d = query.shape
+    n_kv, kv = key.shape[1], key.shape[2]
+
+    def local(bi, hi, qi, ki):
+        return (qi + off >= ki) & valid[bi, ki] & (q_pos[bi, qi] - k_pos[bi, ki] < n_local)
+
+    parts = [flex(query, key, value, local, ("lmi_local", n_local, off), (q_pos, k_pos, valid), scale, lse=True)]
+    rank = valid.long().cumsum(-1) - 1
+    is_global = valid & (rank < n_global)
+    g_end = int(is_global.nonzero()[:, 1].max()) + 1 if bool(is_global.any()) else 0
+    if g_end and bool((q_pos.max() - k_pos[:, :g_end].min()) >= n_local):
+        d_star = min(limit, kv - 1)
+        q_stat = bw.group_q(bw.rotate(query.float(), d_star - q_pos, inv), n_kv)  # [B, H_kv, g, Lq, D]
+        k_stat = bw.rotate(key[:, :, :g_end].float(), -k_pos[:, :g_end], inv)  # [B, H_kv, g_end, D]
+        s = torch.matmul(q_stat, k_stat[:, :, None].transpose(-1, -2)) * scale  # [B, H_kv, g, Lq, g_end]
+        q_idx = torch.arange(off, kv, device=query.device)
+        k_idx = torch.arange(g_end, device=query.device)
+        glob = ((q_idx[:, None] >= k_idx[None])[None] & is_global[:, None, :g_end]
+                & (q_pos[:, :, None] - k_pos[:, None, :g_end] >= n_local))  # [B, Lq, g_end]
+        glob = glob[:, None, None]
+        seen = glob.any(-1)
+        lse = torch.logsumexp(torch.where(glob, s, torch.where(seen[..., None], bw.NEG_INF, 0.0)), dim=-1)
+        lse = torch.where(seen, lse, torch.full_like(lse, bw.NEG_INF))
+        p = torch.exp(s - torch.where(seen, lse, 0.0)[..., None]) * glob
+        out = torch.matmul(p, value[:, :, None, :g_end].float())  # [B, H_kv, g, Lq, D]
+        parts.append((out.reshape(b, h, lq, d), lse.reshape(b, h, lq)))
+    return _result(merge(parts), query)
+
+
+# ---------------------------------------------------------------------------------------------------- S2-Attn
+def s2(query, key, value, attention_mask, scale: float, group: int, shift: bool, impl: str):
+    """LongLoRA's shifted sparse attention in one flex call (training: q/k/v [B, *, N, D], N % group == 0)."""
+    b, h, n, d = query.shape
+    valid = bw.key_valid(attention_mask, b, n, query.device)
+    h0 = h // 2 if shift else h
+    if impl == "roll" and h0 < h:  # forward_noflashattn: roll(-G//2) the shifted heads, roll(G//2) back
+        r = -group // 2
+        rep = h // key.shape[1]
+        k = key.repeat_interleave(rep, dim=1) if rep > 1 else key
+        v = value.repeat_interleave(rep, dim=1) if rep > 1 else value
+        q = torch.cat([query[:, :h0], query[:, h0:].roll(r, 2)], dim=1)
+        k = torch.cat([k[:, :h0], k[:, h0:].roll(r, 2)], dim=1)
+        v = torch.cat([v[:, :h0], v[:, h0:].roll(r, 2)], dim=1)
+        valid_r = valid.roll(r, 1)
+
+        def rolled(bi, hi, qi, ki):
+            ok = torch.where(hi < h0, valid[bi, ki], valid_r[bi, ki])
+            return ((qi >= ki) & ok & (qi // group == ki // group)) | (qi == ki)
+
+        o = flex(q, k, v, rolled, ("s2_roll", group, h0), (valid,), scale, heads=True)
+        return _result(torch.cat([o[:, :h0], o[:, h0:].roll(group // 2, 2)], dim=1), query)
+    front = group - group // 2  # forward_flashattn: segments [0, G//2), [G//2, G//2 + G), ... on shifted heads
+
+    def segments(bi, hi, qi, ki):
+        sq = torch.where(hi < h0, qi // group, (qi + front) // group)
+        sk = torch.where(hi < h0, ki // group, (ki + front) // group)
+        return ((qi >= ki) & valid[bi, ki] & (sq == sk)) | (qi == ki)
+
+    return _result(flex(query, key, value, segments, ("s2", group, h0), (valid,), scale, heads=True), query)
+
+
+# ---------------------------------------------------------------------------------------------------- documents
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, L] document index of every token: a new document wherever the position does not grow by exactly 1
+    (transformers' ``find_packed_sequence_indices``)."""
+    first = position_ids[:, :1] - 1
+    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+def causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
+                     **kwargs):
+    """``harness_causal``: causal attention with key padding and document masking, as one flex block mask; SDPA's
+    causal kernel when there is a single document and no padding."""
+    b, h, lq, d = query.shape
+    kv = key.shape[2]
+    scale = bw.default_scaling(module, scaling)
+    gqa = key.shape[1] != h
+    docs = None
+    if position_ids is not None and attention_mask is None and kv == lq:
+        ids = document_ids(position_ids.to(query.device).expand(b, lq))
+        if bool((ids[:, -1] > 0).any()):
+            docs = ids
+    if docs is None and attention_mask is None and (kv == lq or lq == 1):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=kv == lq and lq > 1, scale=scale,
+                                             enable_gqa=gqa)
+        return out.transpose(1, 2).contiguous(), None
+    valid = bw.key_valid(attention_mask, b, kv, query.device)
+    off = kv - lq
+    if docs is None:
+        def mask(bi, hi, qi, ki):
+            return (qi + off >= ki) & valid[bi, ki]
+
+        return _result(flex(query, key, value, mask, ("causal", off), (valid,), scale), query)
+
+    def doc_mask(bi, hi, qi, ki):
+        return (qi >= ki) & valid[bi, ki] & (docs[bi, qi] == docs[bi, ki])
+
+    return _result(flex(query, key, value, doc_mask, ("docs",), (valid, docs), scale), query)
+
+
+bw.register_attention(CAUSAL_NAME, causal_attention)
+
+
+__all__ = ["AttentionArgs", "BACKENDS", "CAUSAL_NAME", "block_mask", "causal_attention", "dense_attention",
+           "document_ids", "flex", "lm_infinite", "merge", "resolve", "s2", "self_extend", "set_backend", "use_fused"]

@@ -1,0 +1,311 @@
+"""Cost plan of a sweep before it goes to a cluster (``scripts/plan.py``): per sweep point, memory per rank under
+ZeRO-3 at the training length, tokens to train, prompt tokens per evaluator, and GPU-hours from a stated throughput.
+
+Everything is a formula of the composed config (no model is loaded, no data read unless it is on disk); each figure
+says what it assumes. Notation: P = all parameters, P_t = trained ones, W = ranks, b = micro batch, T = training
+length, l layers, d hidden, f MLP width, h heads, q head dim, V vocab; bytes are bf16 = 2, fp32 = 4.
+
+Memory per rank (ZeRO-3, bf16 mixed precision, DeepSpeed AdamW, ``harness/train/deepspeed_engine.py``):
+- parameters 2P/W (bf16, partitioned); gradients 2P_t/W; optimizer 12P_t/W (fp32 master + Adam m, v: the ZeRO
+  paper's K = 12); EMA 4P_t/W (the engine's fp32 shadow of each rank's partitions);
+- gathered parameters: two layers in bf16 (the one computing + the one prefetched);
+- activations, gradient checkpointing on: the checkpointed layer inputs 2 l b T d, plus one layer recomputed during
+  backward (its saved tensors, 8d + 4f values per token for a Llama layer with a fused attention kernel, x2 for their
+  gradients in flight), plus the logits and the loss 10 b T V (bf16 logits, the fp32 copy the loss takes, its fp32
+  gradient). Without checkpointing: every layer's saved tensors. Fragmentation and the CUDA context are not modelled.
+
+Training FLOPs per token F = 4 N + 2 N_t + 12 l h q T_att (N = matmul weights incl. the LM head, N_t the trained
+ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn).
+Evaluation FLOPs per prompt token at length L: 2 N + 4 l h q L (forward only; generated tokens not counted).
+GPU-seconds = FLOPs / (MFU x peak bf16 FLOP/s of the target GPU). Wall-clock of a point: training spreads over its
+``train.world_size`` ranks; evaluation runs in run.py's one process on one GPU (the node's other GPUs idle) unless
+it is split into shards (``+shard=``, docs/sweeps.md), so a point holds its node for train/W + eval hours. MFU comes from ``results/bench_gpu.json``
+(the measured training step of a random model with the same layer shapes, at the nearest length) when that file
+exists from a GPU run, else from ``ASSUMED_MFU``, an assumption labelled as such in every output.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+# Shapes of the models the cluster configs name (their HF config.json; local directories are read instead).
+SHAPES = {
+    "llama2_7b": dict(layers=32, hidden=4096, mlp=11008, heads=32, kv_heads=32, head_dim=128, vocab=32000,
+                      mlp_mats=3, tied=False),  # meta-llama/Llama-2-7b-hf config.json
+    "phi2": dict(layers=32, hidden=2560, mlp=10240, heads=32, kv_heads=32, head_dim=80, vocab=51200, mlp_mats=2,
+                 tied=False),  # microsoft/phi-2 config.json (GELU MLP: 2 matrices)
+}
+GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core FLOP/s (data sheets)
+GPU_MEMORY_GIB = {"A100": 80, "H100": 80, "H200": 141}
+ASSUMED_MFU = 0.35  # ASSUMPTION (not measured): model-FLOPs utilisation of a 7B Llama training step / prefill
+ASSUMED_DOC_TOKENS = 100_000  # ASSUMPTION: tokens of one PG19 / Proof-pile evaluation document when the data is absent
+ASSUMED_LONGBENCH_SAMPLES = 200  # ASSUMPTION: samples per LongBench task (most official test sets have 200)
+ASSUMED_TREC_ITEMS, ASSUMED_TOKENS_PER_SHOT = 500, 20  # ASSUMPTION: TREC test items; tokens per demonstration
+
+
+@dataclass
+class Shape:
+    layers: int
+    hidden: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    mlp_mats: int = 3
+    tied: bool = False
+
+    @property
+    def layer_params(self) -> int:
+        attn = self.hidden * self.heads * self.head_dim * 2 + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attn + self.mlp_mats * self.hidden * self.mlp + 2 * self.hidden
+
+    @property
+    def embed(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embed * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def matmul_params(self) -> int:  # N: every weight a token's forward multiplies (not the embedding lookup)
+        return self.layers * (self.layer_params - 2 * self.hidden) + self.embed
+
+
+def model_shape(cfg) -> Shape:
+    m = cfg.model
+    path = Path(str(m.get("path") or ""))
+    if not path.is_absolute():
+        path = ROOT / path
+    if (path / "config.json").is_file():
+        c = json.loads((path / "config.json").read_text())
+        return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                     c.get("num_key_value_heads") or c["num_attention_heads"],
+                     c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["vocab_size"],
+                     3, bool(c.get("tie_word_embeddings")))
+    if m.name not in SHAPES:
+        raise ValueError(f"plan: no shape known for model {m.name!r} (add it to harness.plan.SHAPES)")
+    return Shape(**SHAPES[m.name])
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def trained_params(cfg, s: Shape) -> tuple[int, int]:
+    """(P_t, N_t): trained parameters and trained matmul weights of the method's fine-tuning."""
+    meth = OmegaConf.to_container(cfg.method, resolve=True)
+    if "lora_r" in meth:  # LongLoRA: LoRA on the targets + parameters whose name holds one of ``trainable``
+        r, targets = int(meth["lora_r"]), list(meth.get("lora_targets") or [])
+        dims = {"q_proj": (s.hidden, s.heads * s.head_dim), "k_proj": (s.hidden, s.kv_heads * s.head_dim),
+                "v_proj": (s.hidden, s.kv_heads * s.head_dim), "o_proj": (s.heads * s.head_dim, s.hidden)}
+        lora = s.layers * sum(r * (i + o) for t, (i, o) in dims.items() if t in targets)
+        extra = 0
+        for t in meth.get("trainable") or []:
+            extra += s.embed if t == "embed" else (s.layers * 2 + 1) * s.hidden if t == "norm" else 0
+        return lora + extra, lora
+    return s.params, s.matmul_params
+
+
+def attention_tokens(cfg, T: int) -> float:
+    meth = OmegaConf.to_container(cfg.method, resolve=True)
+    return T * float(meth["group_size_ratio"]) if "group_size_ratio" in meth else T
+
+
+def train_flops_per_token(s: Shape, n_t: int, t_att: float) -> float:
+    return 4 * s.matmul_params + 2 * n_t + 12 * s.layers * s.heads * s.head_dim * t_att
+
+
+def memory_per_rank(s: Shape, p_t: int, world: int, b: int, T: int, ckpt: bool, ema: bool, offload: bool) -> dict:
+    per_layer_saved = (8 * s.hidden + 4 * s.mlp) * 2 * b * T  # bytes
+    act = {"checkpoints": 2 * s.layers * b * T * s.hidden, "recomputed_layer": 2 * per_layer_saved} if ckpt else \
+        {"all_layers": s.layers * per_layer_saved}
+    act["logits_and_loss"] = 10 * b * T * s.vocab
+    out = {"parameters": 2 * s.params / world, "gradients": 2 * p_t / world,
+           "optimizer": 0 if offload else 12 * p_t / world, "ema": 4 * p_t / world if ema else 0,
+           "gathered_parameters": 2 * 2 * s.layer_params, **{f"activations.{k}": v for k, v in act.items()}}
+    if offload:
+        out["parameters"] = 0
+    gib = {k: round(v / GIB, 2) for k, v in out.items()}
+    gib["total"] = round(sum(out.values()) / GIB, 2)
+    return gib
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+def _doc_stream_tokens(dataset: str, samples: int) -> tuple[int, str]:
+    if dataset.startswith("bin:"):
+        path = Path(dataset[4:])
+        if path.is_file():
+            from harness.evals.ppl import load_token_stream
+
+            return sum(len(d) for d in load_token_stream(str(path), samples)), f"{path} (first {samples} documents)"
+    return samples * ASSUMED_DOC_TOKENS, f"ASSUMPTION {samples} x {ASSUMED_DOC_TOKENS:,} tokens (data not here)"
+
+
+def evaluator_prompts(name: str, a: dict, lengths: list[int], limit: int | None) -> tuple[dict, str]:
+    """{length: prompts} of one evaluator (lengths above the method's limit are skipped, as the evaluators do), and
+    the basis of the count."""
+    ok = [int(L) for L in (a.get("lengths") or lengths) if limit is None or int(L) <= limit]
+    if name == "ppl":
+        if a.get("protocol") == "longlora":
+            from harness.evals.ppl import longlora_starts, subsample
+
+            n, basis = _doc_stream_tokens(str(a.get("dataset", "")), int(a.get("samples", 10)))
+            return {L: len(subsample(longlora_starts(n, L, int(a.get("stride", 256))), int(a.get("max_windows", 0))))
+                    for L in ok}, f"windows every {a.get('stride', 256)} tokens over {basis}"
+        return {L: int(a.get("samples", 10)) for L in ok}, "one window per document and length"
+    if name == "nll_by_position":
+        L = int(a.get("length") or max(ok or [0]))
+        return ({L: int(a.get("samples", 4))} if L else {}), "documents x length"
+    if name == "passkey":
+        return {L: int(a.get("samples", 20)) for L in ok}, "prompts x lengths"
+    if name == "niah":
+        from harness.evals.niah import grid
+
+        cl = [L for L in grid(a.get("context_lengths") or [], ok) if limit is None or L <= limit]
+        return {L: int(a.get("depth_intervals", 10)) for L in cl}, "context lengths x depths (LCEG grid)"
+    if name == "ruler":
+        n = len(a.get("tasks") or []) * int(a.get("samples", 500))
+        return {L: n for L in ok}, f"{len(a.get('tasks') or [])} tasks x {a.get('samples')} samples x lengths"
+    if name == "longbench":
+        from harness.evals.longbench import SUBSETS
+
+        tasks = a.get("tasks") or SUBSETS[a.get("subset", "paper")]
+        n = len(tasks) * (int(a.get("samples") or 0) or ASSUMED_LONGBENCH_SAMPLES)
+        budget = int(a.get("max_length") or max(ok or [0]))
+        return {budget: n}, f"UPPER BOUND: {len(tasks)} tasks x samples (ASSUMPTION {ASSUMED_LONGBENCH_SAMPLES} " \
+                            f"when not capped) x the full {budget}-token budget"
+    if name == "manyshot_trec":
+        budget = int(a.get("max_length") or max(ok or [0]))
+        items = int(a.get("samples") or 0) or ASSUMED_TREC_ITEMS
+        out: dict = {}
+        for k in a.get("shots") or []:
+            L = min(budget, int(k) * ASSUMED_TOKENS_PER_SHOT)
+            out[L] = out.get(L, 0) + items
+        return out, f"ASSUMPTION {items} test items x shots x {ASSUMED_TOKENS_PER_SHOT} tokens per shot (<= budget)"
+    return {}, "not counted"
+
+
+def eval_plan(cfg, s: Shape, limit: int | None) -> dict:
+    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
+    lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
+    out = {}
+    for key, node in suite.items():
+        name = (node or {}).get("name") or key
+        prompts, basis = evaluator_prompts(name, node or {}, lengths, limit)
+        tokens = sum(L * n for L, n in prompts.items())
+        flops = sum(n * L * (2 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * L) for L, n in prompts.items())
+        out[key] = {"evaluator": name, "prompts": sum(prompts.values()), "prompt_tokens": tokens, "flops": flops,
+                    "basis": basis}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- throughput
+def measured_mfu(bench: dict | None, method: str, T: int) -> tuple[float, str] | None:
+    if not bench or bench.get("mode") != "gpu":
+        return None
+    rows = [r for r in bench.get("train") or [] if r.get("status") == "ok" and r.get("mfu")]
+    want = "longlora" if method == "longlora" else "base"
+    rows = [r for r in rows if r["method"] == want] or [r for r in rows if r["method"] == "base"]
+    if not rows:
+        return None
+    r = min(rows, key=lambda r: (abs(math.log(r["tokens"] / T)), r["backend"] != "flex"))
+    dev = (bench.get("device") or {}).get("name")
+    return float(r["mfu"]), (f"MEASURED: results/bench_gpu.json, {r['method']} ({r['backend']}) training step at "
+                             f"{r['tokens']} tokens, {bench['model']['layers']} layers, on {dev}")
+
+
+def load_bench(path: str | Path | None = None) -> dict | None:
+    p = Path(path) if path else ROOT / "results" / "bench_gpu.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+@dataclass
+class PlanArgs:
+    gpu: str = "A100"  # GPU whose peak FLOP/s and memory the plan uses
+    mfu: float = 0.0  # 0 = measured (results/bench_gpu.json) or ASSUMED_MFU
+    bench: str = ""  # path of a bench_gpu.json ("" = results/bench_gpu.json)
+
+
+def point_plan(cfg, args: PlanArgs | None = None) -> dict:
+    """The plan of one composed run config (one sweep point)."""
+    from harness.config import to_args
+    from harness.methods import build_method
+    from harness.train import TrainArgs
+
+    args = args or PlanArgs()
+    s = model_shape(cfg)
+    t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
+    method = build_method(cfg.method)
+    native = int(cfg.model.native_ctx)
+    handle = type("H", (), {"native_ctx": native})()
+    try:
+        limit = method.max_length(handle)
+    except Exception:  # noqa: BLE001 - a method whose limit needs the loaded model: no limit in the plan
+        limit = None
+    peak = GPU_PEAK_BF16[args.gpu]
+    row: dict = {"row": OmegaConf.select(cfg, "study.row") or method.name, "method": method.name,
+                 "model": cfg.model.name, "params": s.params, "eval_limit": limit}
+    bench = load_bench(args.bench or None)
+    T = int(t.seq_len) if t.enabled else native
+    mm = measured_mfu(bench, method.name, T) if not args.mfu else None
+    mfu, mfu_source = mm if mm else ((args.mfu, "given (--mfu)") if args.mfu else
+                                     (ASSUMED_MFU, f"ASSUMPTION: MFU {ASSUMED_MFU} (no results/bench_gpu.json from a GPU)"))
+    row["throughput"] = {"mfu": mfu, "source": mfu_source, "gpu": args.gpu, "peak_bf16_flops": peak}
+    if t.enabled:
+        p_t, n_t = trained_params(cfg, s)
+        steps = t.steps()
+        tokens = steps * t.global_batch * t.seq_len
+        t_att = attention_tokens(cfg, t.seq_len)
+        f = train_flops_per_token(s, n_t, t_att)
+        gpu_h = tokens * f / (mfu * peak) / 3600
+        mem = memory_per_rank(s, p_t, t.world_size, t.micro_batch, t.seq_len, t.grad_checkpointing, t.ema,
+                              t.offload)
+        row["train"] = {"seq_len": t.seq_len, "tokens": tokens, "steps": steps, "global_batch": t.global_batch,
+                        "world_size": t.world_size, "micro_batch": t.micro_batch, "trained_params": p_t,
+                        "zero_stage": t.zero_stage, "grad_checkpointing": t.grad_checkpointing,
+                        "flops_per_token": f, "gpu_hours": round(gpu_h, 1),
+                        "wall_hours": round(gpu_h / max(1, t.world_size), 1),
+                        "memory_gib_per_rank": mem, "fits": mem["total"] <= GPU_MEMORY_GIB[args.gpu]}
+    else:
+        row["train"] = None
+    ev = eval_plan(cfg, s, limit)
+    for v in ev.values():
+        v["gpu_hours"] = round(v["flops"] / (mfu * peak) / 3600, 1)
+    row["eval"] = ev
+    row["eval_gpu_hours"] = round(sum(v["gpu_hours"] for v in ev.values()), 1)
+    row["gpu_hours"] = round((row["train"] or {}).get("gpu_hours", 0) + row["eval_gpu_hours"], 1)
+    row["wall_hours"] = round((row["train"] or {}).get("wall_hours", 0) + row["eval_gpu_hours"], 1)  # eval: 1 GPU
+    return row
+
+
+PAPER_BUDGET = ("Lu et al. 2024 say only that fine-tuning used '8 NVIDIA A100 GPUs' (Sec. 4 and App. 9.2) and that "
+                "they were 'limited by computing budget' (Sec. 7); no GPU-hours, wall-clock times or throughput are "
+                "reported, so the estimate cannot be checked against the paper, only against the 8-GPU node.")
+
+
+def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
+    gpus = int((launcher or {}).get("gpus_per_node") or 8) * int((launcher or {}).get("nodes") or 1)
+    train_h = sum((r["train"] or {}).get("gpu_hours", 0) for r in rows)
+    eval_h = sum(r["eval_gpu_hours"] for r in rows)
+    wall = sum(r["wall_hours"] for r in rows)
+    out = {"points": len(rows), "train_gpu_hours": round(train_h, 1), "eval_gpu_hours": round(eval_h, 1),
+           "gpu_hours": round(train_h + eval_h, 1), "gpus_per_job": gpus, "wall_hours": round(wall, 1),
+           "node_hours_held": round(wall, 1), "gpu_hours_held": round(wall * gpus, 1),
+           "days_on_one_node": round(wall / 24, 1), "paper": PAPER_BUDGET}
+    if launcher:
+        per_attempt = int(launcher.get("timeout_min") or 0) / 60
+        attempts = 1 + int(launcher.get("max_num_timeout") or 0)
+        out["timeout_hours_per_attempt"] = per_attempt
+        out["points_needing_requeues"] = [
+            {"row": r["row"], "wall_hours": r["wall_hours"], "attempts": math.ceil(r["wall_hours"] / per_attempt)}
+            for r in rows if per_attempt and r["wall_hours"] > per_attempt]
+        out["points_over_all_attempts"] = [r["row"] for r in rows
+                                           if per_attempt and r["wall_hours"] > per_attempt * attempts]
+    return out
+

@@ -22,10 +22,11 @@ never expanded. Padding: 2-D attention masks are honoured (keys masked); group p
 ``scale_base`` log-scaling of queries (the original's default -1 = off) and the flash-attention LSE merge (the
 result is the same as the eager merge up to rounding).
 
-Scaling for tiny_llama (C=256 = LLaMA2's 4096 / 16): W = 1024/16 = 64; G stays 64. Then W % G == 0, the maximum
-length is (256-64)*64+64 = 12352 >= 16C, and at 16C = 4096 tokens the largest grouped position is
-64 + 4032/64 = 127 ~= C/2, the same place the paper's setting lands at 16x (1024 + 63488/64 = 2016 ~= 4096/2),
-which is the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G).
+Units: the neighbour window is in units of the native window C (``window: 0.25`` = C/4: 1024 tokens on LLaMA2-7B,
+the study's W, and 64 on tiny_llama); the group size G is a position divisor (dimensionless), 64 on every model.
+On tiny_llama W % G == 0, the maximum length is (256-64)*64+64 = 12352 >= 16C, and at 16C = 4096 tokens the
+largest grouped position is 64 + 4032/64 = 127 ~= C/2, the same place the paper's setting lands at 16x
+(1024 + 63488/64 = 2016 ~= 4096/2), which is the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, window_tokens
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 
@@ -108,20 +109,30 @@ class SelfExtend(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "self_extend"
-        window: int = 64  # W, neighbour window (LLaMA2 / LCEG: 1024; tiny: 1024/16)
-        group: int = 64  # G, group size (LLaMA2 / LCEG: 64)
+        window: float = 0.25  # W in units of C (LLaMA2 / LCEG: 1024 = C/4; tiny: 64)
+        group: int = 64  # G, group size (LLaMA2 / LCEG: 64; a position divisor, the same on every model)
         float_shift: bool = False  # grouped query shift W - W/G (eager prefill code) instead of W - W//G (Eq. 15)
         block_q: int = 256  # query rows per block of the blocked attention
         block_k: int = 512  # keys per score tile
 
+    def check(self, native_ctx: int, train=None) -> int:
+        """Checks the settings; returns the window W in tokens."""
+        a = self.args
+        w = window_tokens(a.window, native_ctx, "method=self_extend: window", zero_ok=False)
+        if not 1 <= w < native_ctx:
+            raise ConfigError(f"method=self_extend: window = {a.window:g} C = {w} tokens; the neighbour window must "
+                              f"be 1 token .. below the native window C = {native_ctx} (valid: "
+                              f"{1 / native_ctx:g} <= window < 1)")
+        if a.group < 1 or a.block_q < 1 or a.block_k < 1:
+            raise ConfigError(f"method=self_extend: group, block_q and block_k must be >= 1, got {a.group}, "
+                              f"{a.block_q}, {a.block_k}")
+        return w
+
     def apply(self, handle) -> None:
         a = self.args
-        if a.window < 1 or a.group < 1:
-            raise ConfigError(f"method=self_extend: window and group must be >= 1, got {a.window}, {a.group}")
-        if handle.native_ctx and a.window >= handle.native_ctx:
-            raise ConfigError(f"method=self_extend: window {a.window} must be below the native context "
-                              f"{handle.native_ctx}")
-        bw.install(handle.model, ATTN_NAME, "harness_self_extend", (a.window, a.group, a.float_shift, a.block_q, a.block_k))
+        w = self.check(handle.native_ctx)
+        bw.install(handle.model, ATTN_NAME, "harness_self_extend", (w, a.group, a.float_shift, a.block_q, a.block_k))
 
     def max_length(self, handle) -> int | None:
-        return (handle.native_ctx - self.args.window) * self.args.group + self.args.window
+        w = self.check(handle.native_ctx)
+        return (handle.native_ctx - w) * self.args.group + w

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import KV_CACHE_MODES, make_length_dependent, ntk_by_length_parameters, set_rope_parameters
+from harness.methods.rope import (KV_CACHE_MODES, make_length_dependent, ntk_by_length_parameters, ntk_multiplier,
+                                  set_rope_parameters)
 
 
 @METHODS.register("ntk_frozen")
@@ -30,6 +31,10 @@ class NTKFrozen(Method):
         name: str = "ntk_frozen"
         factor: float = 2.0  # s: t = s*L/C - (s-1) (paper / LCEG eval_ntk.py: 2)
         kv_cache: str = "refresh"  # refresh | stale (transformers' behaviour)
+
+    def scale_factor(self, length: int, native_ctx: int) -> float:
+        """The NTK multiplier t for an input of ``length`` tokens (Table 8: 1, 3, 7, 15, 31 at C..16C)."""
+        return ntk_multiplier(self.args.factor, length, native_ctx)
 
     def check(self, native_ctx: int, train=None) -> None:
         if not math.isfinite(self.args.factor) or self.args.factor < 1:

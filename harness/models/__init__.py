@@ -123,9 +123,12 @@ def check_fits(handle: ModelHandle, length: int, generates: bool, key: str) -> N
     free = available_memory(p.device)
     if free is not None and need > free:
         what = "the KV cache of every layer" if generates else "one layer's keys and values"
-        raise ConfigError(f"{key}: an input of {length} tokens needs at least {need / 2**30:.1f} GiB ({what}, "
-                          f"{handle.name} in {p.dtype}) but {free / 2**30:.1f} GiB is free on {p.device}; use "
-                          f"shorter eval lengths")
+        raise ConfigError(f"{key}: an input of {length} tokens needs at least {_size(need)} ({what}, {handle.name} "
+                          f"in {p.dtype}) but {_size(free)} is free on {p.device}; use shorter eval lengths")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def build_model(cfg) -> ModelHandle:

@@ -128,8 +128,10 @@ def explain(e: BaseException, overrides: list[str]) -> str:
 
 
 def _valid_keys(parent: str, overrides: list[str]) -> list[str]:
+    from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
+
     try:
-        node = compose([o for o in overrides if not _unparsable(o)])
+        node = compose(_first_values([o for o in overrides if not _unparsable(o)]))
         for part in [p for p in parent.split(".") if p]:
             node = node[part]
         return sorted(str(k) for k in node.keys())

@@ -8,10 +8,12 @@ position m attends to keys n with
 the two logit sets are merged with ``where(neighbour_mask, neighbour, group)`` and go through ONE softmax. Maximum
 length ``(C - W) * G + W``.
 
-Discrepancy kept as a flag: the eager prefill code shifts by ``W - W/G`` (true division), the paper's Eq. 15, the
-decode path and the legacy patch by ``W - W//G`` (floor). Default ``float_shift: false`` = Eq. 15; the two agree
-whenever W % G == 0 (the study's W=1024, G=64 and this harness's defaults). Prefill and decode use the same formula
-here (so the original's prefill/decode mismatch for W % G != 0 does not exist in this implementation).
+Discrepancy kept as a flag: ``Llama.py``'s eager forward (prefill and decode alike) and its flash prefill shift by
+``W - W/G`` (true division); only its flash *decode* path (``flash_self_extend_forward``, q_len == 1), the legacy
+patch and the ``Llama_4_40.py`` eager path use ``W - W//G`` (floor), as does the paper's Eq. 15. Default
+``float_shift: false`` = Eq. 15; the two agree whenever W % G == 0 (the study's W=1024, G=64 and this harness's
+defaults). Prefill and decode use the same formula here, so the original's flash prefill/decode mismatch for
+W % G != 0 does not exist in this implementation.
 
 Implementation: a registered transformers attention function (``AttentionInterface``), so the model stays stock:
 q/k arrive rotated at their true positions; the grouped copies are obtained by re-rotating by the position delta

@@ -608,10 +608,18 @@ def test_kv_cache_refresh_multilayer_closer_than_stale():
 
 
 def test_kv_cache_stale_mode_reproduces_transformers():
+    """kv_cache: stale decodes exactly as transformers' own "dynamic" rope type does (same weights, same cache, keys
+    rotated with the base of the step that cached them, #25104), and both differ from a full recompute past C."""
+    from harness.methods.rope import rebuild_rotary
+
     model = llama(64, layers=2)
     apply("ntk_frozen", model, kv_cache="stale")
+    hf = llama(64, layers=2)  # the same seeded weights
+    hf.config.rope_parameters = {**hf.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    rebuild_rotary(hf)
     ids = torch.randint(3, 256, (1, C + 8))
     cached, full = greedy_logits_cached(model, ids, C - 4), full_logits(model, ids, C - 4)
+    torch.testing.assert_close(cached, greedy_logits_cached(hf, ids, C - 4), rtol=1e-5, atol=1e-5)
     assert (cached[5:] - full[5:]).abs().max() > 1e-3
 
 

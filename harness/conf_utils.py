@@ -118,8 +118,11 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     elif "Could not override" in msg or "not in struct" in msg:
         key = next((q for q in msg.split("'")[1::2] if q), "")
         parent, _, leaf = key.rpartition(".")
-        valid = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")])
-        hint = f" (valid keys of {parent or 'the config'}: {', '.join(valid)}; +{key}=... adds a new key)" if valid else ""
+        valid, extra = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")])
+        hint = f" (valid keys of {parent or 'the config'}: {', '.join(valid)}" if valid else ""
+        if valid and extra:
+            hint += f"; not in its YAML, set with +{parent}.<key>=...: {', '.join(extra)}"
+        hint += ")" if valid else ""
     elif name == "OverrideParseException":
         bad = [o for o in overrides if _unparsable(o)]
         msg = f"cannot parse override {bad[0]!r}: {msg}" if bad else msg
@@ -127,16 +130,35 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     return f"config error: {msg}{hint}"
 
 
-def _valid_keys(parent: str, overrides: list[str]) -> list[str]:
+def _valid_keys(parent: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
+    import dataclasses
+
     from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
 
     try:
         node = compose(_first_values([o for o in overrides if not _unparsable(o)]))
         for part in [p for p in parent.split(".") if p]:
             node = node[part]
-        return sorted(str(k) for k in node.keys())
+        keys = sorted(str(k) for k in node.keys())
     except Exception:  # noqa: BLE001 - a hint only
-        return []
+        return [], []
+    schema = None
+    try:
+        if parent == "train":
+            from harness.train import TrainArgs as schema
+        elif parent == "method":
+            from harness.methods import METHODS
+
+            schema = METHODS.get(str(node.get("name"))).Args
+        elif parent == "model":
+            from harness.models import MODELS
+
+            schema = MODELS.get(str(node.get("name"))).Args
+    except Exception:  # noqa: BLE001
+        schema = None
+    extra = sorted(f.name for f in dataclasses.fields(schema) if f.name not in keys) if schema else []
+    return keys, extra
 
 
 def _unparsable(override: str) -> bool:

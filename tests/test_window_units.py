@@ -266,3 +266,41 @@ def test_memory_check_refuses_what_cannot_fit(monkeypatch):
     with pytest.raises(ConfigError, match=r"eval.suite.passkey: an input of 4096 tokens needs at least 4.0 MiB"):
         models.check_fits(h, 4096, generates=True, key="eval.suite.passkey")
     models.check_fits(h, 1024, generates=False, key="eval.suite.ppl")  # one layer's K/V + 2 hidden states: 1 MiB
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+def _cli(args, tmp_path, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
+           "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=timeout)
+    from harness.results import read_rows
+
+    rows = read_rows(tmp_path / "res") if (tmp_path / "res").exists() else []
+    lines = [x for x in r.stderr.splitlines() if x.strip() and "warn" not in x.lower()]
+    return r, lines, rows
+
+
+@pytest.mark.parametrize("args,rc,words", [
+    (["method=ntk_64k", "method.max_len=0.5", "train=none", "eval=quick"], 1, ["run failed:", "max_len"]),
+    (["method=base", "train=none", "eval=quick", "eval.lengths=[100000000]"], 1, ["run failed:", "eval.lengths"]),
+    (["-m", "method=nosuch,base", "train=none"], 2, ["config error", "available: abf, base"]),
+    (["-m", "method=base,pi", "train.lrr=1"], 2, ["config error", "train.lrr", "valid keys of train", "schedule"]),
+    (["-m", "method=base,pi", "train=none", "eval=quick", "eval.lengths=[0]"], 2,
+     ["config error in sweep job", "method=base", "eval.lengths", "valid"]),
+])
+def test_bad_input_is_one_line_and_a_failed_row(args, rc, words, tmp_path):
+    """Before: the NTK cap gave a silent ok row with complex frequencies, 1e8 spent minutes tokenising, and -m sweeps
+    printed Hydra's 6-27-line errors with no row. Now: one line, a failed row with that line, no traceback, and
+    nothing is loaded first (these return within seconds of start-up)."""
+    r, lines, rows = _cli(args, tmp_path)
+    assert r.returncode == rc, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and len(lines) == 1, lines
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert [row["status"] for row in rows] == ["failed"]
+    assert rows[0]["error"] in lines[0]

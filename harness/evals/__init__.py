@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.config import MAX_WINDOWS, ConfigError, to_args
+from harness.config import ConfigError, to_args
 from harness.registry import Registry
 
 EVALS: Registry = Registry("evaluator", "harness.evals")
-MAX_EVAL_WINDOWS = MAX_WINDOWS  # the longest evaluation length: this many native windows (LLaMA2: 4M tokens)
+MAX_EVAL_WINDOWS = 1024  # the longest evaluation length: this many native windows (LLaMA2: 4M tokens; tiny: 262k)
 
 
 @dataclass

@@ -69,9 +69,11 @@ def check_autocast(value, key: str) -> None:
         raise ConfigError(f"{key}: unknown compute dtype {value!r} (valid: {', '.join(AUTOCAST)})")
 
 
-def load_and_extend(cfg, method):
+def load_and_extend(cfg, method, train: TrainArgs | None = None):
     """Model + method: load the base (or a fine-tuned checkpoint), check that the longest evaluation input fits in
-    memory, and apply the extension method."""
+    memory, and apply the extension method. Before a fine-tuning run the base model is measured inside its window
+    first (``harness.evals.convergence``), so that the fine-tuned row can be compared with it on the same documents
+    and prompts."""
     handle = build_model(cfg.model)
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
     for key, ev in zip(suite, build_evaluators(suite)):
@@ -80,6 +82,11 @@ def load_and_extend(cfg, method):
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
+    if train is not None and train.enabled and train.convergence_check:
+        from harness.evals import convergence
+
+        handle.info["baseline_at_C"] = convergence.measure(handle, seed=int(cfg.seed),
+                                                           autocast=str(cfg.get("autocast", "auto")))
     method.apply(handle)
     return handle
 
@@ -99,6 +106,11 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
+        from harness.evals import convergence
+
+        tuned = convergence.measure(handle, method, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+        info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
     out = Path(row["run_dir"]) / "checkpoint"
     handle.model.save_pretrained(out)
     handle.tokenizer.save_pretrained(out)

@@ -69,11 +69,11 @@ def check_autocast(value, key: str) -> None:
         raise ConfigError(f"{key}: unknown compute dtype {value!r} (valid: {', '.join(AUTOCAST)})")
 
 
-def load_and_extend(cfg, method, train: TrainArgs | None = None):
+def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None):
     """Model + method: load the base (or a fine-tuned checkpoint), check that the longest evaluation input fits in
     memory, and apply the extension method. Before a fine-tuning run the base model is measured inside its window
     first (``harness.evals.convergence``), so that the fine-tuned row can be compared with it on the same documents
-    and prompts."""
+    and prompts. ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
     handle = build_model(cfg.model)
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
     for key, ev in zip(suite, build_evaluators(suite)):
@@ -87,6 +87,8 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None):
 
         handle.info["baseline_at_C"] = convergence.measure(handle, seed=int(cfg.seed),
                                                            autocast=str(cfg.get("autocast", "auto")))
+    if before_extend is not None:
+        before_extend(handle)
     method.apply(handle)
     return handle
 

@@ -80,7 +80,7 @@ def test_tiny_study_covers_every_method_and_entropy_abf_steps():
     assert methods == {p.stem for p in (conf_utils.CONF_DIR / "method").glob("*.yaml")}
     for _, cfg in tiny:
         assert cfg.model.name == "tiny_llama" and cfg.eval.name == "tiny"
-        assert list(cfg.eval.lengths) == [256, 512, 1024, 2048, 4096]
+        assert list(cfg.eval.lengths) == [512, 1024, 2048, 4096, 8192]  # C..16C, C = 512
     steps = {}
     for _, cfg in _points("entropy_abf"):
         t = to_args(TrainArgs, cfg.train, "train")

@@ -50,7 +50,7 @@ MAX_WINDOWS = 64  # the largest multiple of C a method's length setting may take
 def window_tokens(value: float, native_ctx: int, key: str, *, zero_ok: bool = True, min_windows: float = 0.0) -> int:
     """A length setting given in units of the model's native window C -> tokens (``round(value * C)``).
 
-    ``min_len: 8`` means 8C: 32768 tokens on LLaMA2-7B (C = 4096), 2048 on tiny_llama (C = 256). A value above
+    ``min_len: 8`` means 8C: 32768 tokens on LLaMA2-7B (C = 4096), 16384 on Phi-2 (C = 2048). A value above
     :data:`MAX_WINDOWS` is refused: it is almost certainly a token count written in the old absolute units (e.g.
     ``min_len: 32768`` would mean 32768 C = 134M tokens; any power of two from 128 tokens up is caught). ``zero_ok``: 0 is allowed (it means "off" or "the
     default" for the key); ``min_windows``: the smallest nonzero value that makes sense (e.g. 1 for an NTK clamp,

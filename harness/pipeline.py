@@ -51,13 +51,15 @@ def native_ctx(cfg) -> int:
 def validate(cfg, data: bool = True):
     """Check every group before anything loads: the method against the model's native window C and the train
     recipe, the recipe itself, the evaluation autocast, and every evaluator (lengths, settings and, with ``data``,
-    that its local data can be read). Each impossible value is one ConfigError line naming the key and the valid
+    that its local data and the method's files can be read). Each impossible value is one ConfigError line naming the key and the valid
     range."""
     c = native_ctx(cfg)
     method = build_method(cfg.method)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()
     method.check(c, train)
+    if data:
+        method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")
     check_lengths(list(cfg.eval.get("lengths") or []), c, "eval.lengths")
     check_suite(OmegaConf.to_container(cfg.eval.suite, resolve=True), c, data=data)

@@ -106,20 +106,27 @@ def tiny_rope_theta() -> float:
     return float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
+OLD_TINY = {  # the absolute values the YAMLs held for tiny_llama at C = 256 before they moved to units of C
+    "ntk_32k": (2048, 0), "ntk_64k": (2048, 2048), "ntk_dynamic": (2048, 0), "self_extend": 64,
+    "lm_infinite": (256, 256), "entropy_abf": 256, "train.seq_len": 2048, "tiny_study/ntk_64k train.seq_len": 4096}
+
+
 def test_tiny_llama_settings_keep_their_meaning():
-    """The YAMLs in units of C give tiny_llama (C = 256) exactly the token values the absolute YAMLs gave before
-    (ntk clamps 2048, Self-Extend W 64, LM-Infinite M 256, Entropy-ABF log base 256, training 2048 / 4096), and the
-    ABF bases are x50 the model's own base (the old 50,000 = 50 x the then base 1000)."""
-    c = 256
-    old = {"ntk_32k": (2048, 0), "ntk_64k": (2048, 2048), "ntk_dynamic": (2048, 0)}
-    for name, want in old.items():
-        cfg, m, _ = composed(f"method={name}", "train=none")
-        assert cfg.model.native_ctx == c and m.lengths(c) == want
-    assert composed("method=self_extend", "train=none")[1].check(c) == 64
-    assert composed("method=lm_infinite", "train=none")[1].check(c) == (256, 256)
-    assert composed("method=entropy_abf")[1].check(c) == 256
-    assert composed("method=pi")[2].seq_len == 2048
-    assert composed("experiment=tiny_study", "point=tiny_study/ntk_64k")[2].seq_len == 4096
+    """At C = 256 (the window those YAMLs were written for) the new YAMLs give exactly the old absolute token values;
+    at the shipped model's C (whatever it is now) the same multiples of C; ABF bases are x50 the model's own base
+    (the old absolute 50,000 = 50 x the then base 1000)."""
+    for c, over in ((256, ["model.native_ctx=256"]), (conf_utils.compose([]).model.native_ctx, [])):
+        want = OLD_TINY if c == 256 else {k: (tuple(x * c // 256 for x in v) if isinstance(v, tuple) else v * c // 256)
+                                          for k, v in OLD_TINY.items()}
+        for name in ("ntk_32k", "ntk_64k", "ntk_dynamic"):
+            cfg, m, _ = composed(f"method={name}", "train=none", *over)
+            assert cfg.model.native_ctx == c and m.lengths(c) == want[name]
+        assert composed("method=self_extend", "train=none", *over)[1].check(c) == want["self_extend"]
+        assert composed("method=lm_infinite", "train=none", *over)[1].check(c) == want["lm_infinite"]
+        assert composed("method=entropy_abf", *over)[1].check(c) == want["entropy_abf"]
+        assert composed("method=pi", *over)[2].seq_len == want["train.seq_len"]
+        assert composed("experiment=tiny_study", "point=tiny_study/ntk_64k", *over)[2].seq_len == \
+            want["tiny_study/ntk_64k train.seq_len"]
     base = tiny_rope_theta()
     for name in ("abf", "entropy_abf"):
         m = composed(f"method={name}")[1]
@@ -133,13 +140,14 @@ def test_tiny_llama_settings_keep_their_meaning():
 
 
 def test_tiny_llama_frequencies_equal_the_old_absolute_settings():
-    """On the shipped tiny_llama: the ntk_32k / ntk_64k YAMLs install exactly the frequencies the old absolute
-    settings (min_len 2048, max_len 0 / 2048 tokens) gave, at every length of the tiny suite."""
+    """On the shipped tiny_llama weights taken as C = 256: the ntk_32k / ntk_64k YAMLs install exactly the frequencies
+    the old absolute settings (min_len 2048, max_len 0 / 2048 tokens) gave, at every length of the C..16C grid."""
     from harness.methods.rope import ntk_multiplier
     from harness.models import load_model
 
     for name, (lo, hi), s in (("ntk_32k", (2048, 0), 4.0), ("ntk_64k", (2048, 2048), 8.0)):
-        h = load_model("tiny_llama")
+        shipped = load_model("tiny_llama")
+        h = ModelHandle(shipped.model, shipped.tokenizer, "tiny_llama", 256, shipped.info)  # the YAMLs' C = 256
         base, d = rope_dims(h.model.config)
         build_method({"name": name}).apply(h)
         rot = h.model.get_decoder().rotary_emb
@@ -165,12 +173,11 @@ BAD = {  # overrides -> (substrings the one line must contain)
     "landmark top_k": (["method=landmark", "method.top_k=100"], ["top_k", "valid"]),
     "landmark train length": (["method=landmark", "train.seq_len=1000"], ["train.seq_len", "train_len"]),
     "longlora group": (["method=longlora", "train.seq_len=1026"], ["train.seq_len", "group"]),
-    "longrope factors for another C": (["method=longrope", "model=llama2_7b"], ["factors file", "4096"]),
     "eval length 0": (["eval.lengths=[0]"], ["eval.lengths", "valid"]),
-    "eval length 1e8": (["eval.lengths=[100000000]"], ["eval.lengths", "valid", "262144"]),
+    "eval length 1e8": (["eval.lengths=[100000000]"], ["eval.lengths", "valid", "1024 x the native window"]),
     "eval length not integer": (["eval.lengths=[300.5]"], ["eval.lengths", "valid"]),
     "niah length 1e8": (["eval.suite.niah.context_lengths=[1000,100000000,3]"], ["niah", "valid"]),
-    "niah buffer": (["eval=tiny", "eval.suite.niah.buffer=256"], ["buffer", "valid"]),
+    "niah buffer": (["eval=tiny", "eval.suite.niah.buffer=100000"], ["buffer", "valid"]),
     "schedule typo": (["train.schedule=cosinee"], ["schedule", "cosine", "valid"]),
     "train autocast": (["train.autocast=fp8"], ["autocast", "bfloat16", "valid"]),
     "eval autocast": (["autocast=fp8"], ["autocast", "bfloat16", "valid"]),
@@ -214,6 +221,14 @@ def test_bad_ppl_data_is_refused_naming_the_file(tmp_path):
             pipeline.validate(cfg)
         assert "eval.suite.ppl_books.dataset" in str(e.value) and words in str(e.value), str(e.value)
         assert "\n" not in str(e.value)
+
+
+def test_longrope_factors_for_another_window_are_refused_before_loading(monkeypatch):
+    monkeypatch.setattr("harness.models.build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    cfg = conf_utils.compose(["method=longrope", "model=llama2_7b", "train=none"])
+    pipeline.validate(cfg, data=False)  # the file is data: checked where the run happens
+    with pytest.raises(ConfigError, match="factors file .* is for C=256, the model's native window is 4096"):
+        pipeline.validate(cfg)
 
 
 def test_missing_haystack_and_longbench_data_are_refused(tmp_path):

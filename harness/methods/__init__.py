@@ -8,7 +8,8 @@ A method is a small object with five hooks (all optional but ``apply``), called 
   (LongLoRA: shifted sparse attention + LoRA while training, merged weights and full attention at inference).
 - ``check(native_ctx, train=None)``: refuse impossible settings with one line naming the key and the valid range,
   *before* anything loads (``pipeline.validate`` calls it with the model config's ``native_ctx`` and the train
-  recipe; ``apply`` calls it again with the loaded model's). Length-like settings are in units of the native window
+  recipe; ``apply`` calls it again with the loaded model's); ``check_data(native_ctx)`` does the same for files the
+  method reads. Length-like settings are in units of the native window
   C (``harness.config.window_tokens``), so the same YAML means the same on every model.
 - ``max_length(handle)``: the longest evaluation length the method supports (None = unbounded); evaluators report
   longer lengths as skipped.
@@ -51,6 +52,10 @@ class Method:
     def check(self, native_ctx: int, train=None) -> None:
         """Raise ConfigError for settings that cannot work with a model of native window ``native_ctx`` (and the
         fine-tuning recipe ``train``, a TrainArgs, when given)."""
+
+    def check_data(self, native_ctx: int) -> None:
+        """Raise ConfigError for files the method reads that are missing or do not fit the model (LongRoPE's
+        factors file); ``pipeline.validate(data=True)`` calls it before anything loads."""
 
     def apply(self, handle) -> None:
         pass

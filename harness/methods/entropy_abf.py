@@ -13,7 +13,7 @@ from the wrapped implementation's) that scales the query by lambda(position_ids)
 model's previous attention implementation (sdpa, eager, flash...) unchanged; the model is switched to it with
 ``set_attn_implementation``. RoPE itself goes through transformers' default rope type with the new base.
 Defaults in units that mean the same on every model: base = ``ratio`` 50 x the model's own base (LLaMA2: 1e4 ->
-500,000, the original's value) and ``log_base`` = 1 C (LLaMA2: 4096, the original's value; tiny_llama: 256).
+500,000, the original's value) and ``log_base`` = 1 C (LLaMA2: 4096, the original's value).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ sets ``limit_distance = local_branch``): a Lambda-shaped mask. A query i attends
 - nothing else: the middle tokens get exactly zero weight. One softmax over the union, scale 1/sqrt(head_dim).
 The controlled study (LCEG ``eval_perplexity/eval_lm_infinite.py``) uses ``convert_llama_model(model, 4096, 10)``:
 n_local = 4096 = C, n_global = 10. Units: ``n_local`` and ``limit_distance`` are in units of the native window C
-(``n_local: 1`` = C: 4096 on LLaMA2-7B, 256 on tiny_llama); ``n_global`` is a count of starting tokens (10 on
+(``n_local: 1`` = C: 4096 on LLaMA2-7B); ``n_global`` is a count of starting tokens (10 on
 every model, as in the original, whose global branch does not scale with the window).
 
 The original's non-Lambda reference path (``detailed_lambda_attention``) differs when limit_distance != n_local

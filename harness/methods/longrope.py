@@ -132,9 +132,11 @@ class LongRoPE(Method):
         attention_factor: float = 0.0  # 0 = the file's value, else su: sqrt(1 + ln s / ln C)
         kv_cache: str = "refresh"  # refresh | stale
 
+    def check_data(self, native_ctx: int) -> None:
+        load_factors(self.args.factors, None, native_ctx)
+
     def check(self, native_ctx: int, train=None) -> None:
         a = self.args
-        load_factors(a.factors, None, native_ctx)
         if a.kv_cache not in KV_CACHE_MODES or a.attention_factor < 0 or a.n_hat < -1:
             raise ConfigError(f"method=longrope: need kv_cache in {KV_CACHE_MODES}, attention_factor >= 0 (0 = the "
                               f"file's), n_hat >= -1 (-1 = the file's); got {a.kv_cache!r}, {a.attention_factor}, "

@@ -73,7 +73,9 @@ class LongRoPE2(Method):
             raise ConfigError(f"method=longrope2: short_attention must be same|one, 0 <= short_fraction <= 1, "
                               f"attention_factor >= 0; got {a.short_attention!r}, {a.short_fraction}, "
                               f"{a.attention_factor}")
-        load_factors(a.factors, None, native_ctx)
+
+    def check_data(self, native_ctx: int) -> None:
+        load_factors(self.args.factors, None, native_ctx)
 
     def apply(self, handle) -> None:
         a = self.args

@@ -25,10 +25,9 @@ never expanded. Padding: 2-D attention masks are honoured (keys masked); group p
 result is the same as the eager merge up to rounding).
 
 Units: the neighbour window is in units of the native window C (``window: 0.25`` = C/4: 1024 tokens on LLaMA2-7B,
-the study's W, and 64 on tiny_llama); the group size G is a position divisor (dimensionless), 64 on every model.
-On tiny_llama W % G == 0, the maximum length is (256-64)*64+64 = 12352 >= 16C, and at 16C = 4096 tokens the
-largest grouped position is 64 + 4032/64 = 127 ~= C/2, the same place the paper's setting lands at 16x
-(1024 + 63488/64 = 2016 ~= 4096/2), which is the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G).
+the study's W); the group size G is a position divisor (dimensionless), 64 on every model. With W = C/4 and G = 64
+the largest grouped position at 16C is C/4 + 15.75C/64 ~= C/2 on any model (LLaMA2: 1024 + 63488/64 = 2016 ~=
+4096/2), the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G), and the maximum length (C-W)*G+W = 48.25 C.
 """
 from __future__ import annotations
 
@@ -111,7 +110,7 @@ class SelfExtend(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "self_extend"
-        window: float = 0.25  # W in units of C (LLaMA2 / LCEG: 1024 = C/4; tiny: 64)
+        window: float = 0.25  # W in units of C (LLaMA2 / LCEG: 1024 = C/4)
         group: int = 64  # G, group size (LLaMA2 / LCEG: 64; a position divisor, the same on every model)
         float_shift: bool = False  # grouped query shift W - W/G (eager prefill code) instead of W - W//G (Eq. 15)
         block_q: int = 256  # query rows per block of the blocked attention

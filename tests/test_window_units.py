@@ -194,6 +194,8 @@ def test_impossible_values_are_one_line_before_loading(case, monkeypatch):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr("harness.models.build_model", no_loading)
+    monkeypatch.setattr("harness.pipeline.build_model", no_loading)
+    monkeypatch.setattr("harness.models.load_pretrained", no_loading)
     cfg = conf_utils.compose(overrides)
     with pytest.raises(ConfigError) as e:
         pipeline.validate(cfg, data=False)
@@ -224,7 +226,7 @@ def test_bad_ppl_data_is_refused_naming_the_file(tmp_path):
 
 
 def test_longrope_factors_for_another_window_are_refused_before_loading(monkeypatch):
-    monkeypatch.setattr("harness.models.build_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("harness.pipeline.build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     cfg = conf_utils.compose(["method=longrope", "model=llama2_7b", "train=none"])
     pipeline.validate(cfg, data=False)  # the file is data: checked where the run happens
     with pytest.raises(ConfigError, match="factors file .* is for C=256, the model's native window is 4096"):

@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed ## create .venv and install the project (CPU torch from the local wheel)
+setup: $(VENV)/.installed ## create .venv and install the project (torch: the +cpu wheel where pip finds one, README)
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

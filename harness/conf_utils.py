@@ -15,9 +15,16 @@ def _ctx_x(*multiples, _root_):
     return [int(c * float(m)) for m in multiples]
 
 
+def _ctx(multiple, _root_):
+    """``${ctx:8}`` -> 8 x the model's native window C in tokens (a length setting that is a multiple of C)."""
+    return int(round(int(_root_.model.native_ctx) * float(multiple)))
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
+    if not OmegaConf.has_resolver("ctx"):
+        OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", lambda a, b: int(float(a) * float(b)) if float(a) * float(b) == int(float(a) * float(b)) else float(a) * float(b))
 
@@ -42,28 +49,123 @@ def group_defaults(group: str, name: str) -> dict:
     return OmegaConf.to_container(node, resolve=False)
 
 
+HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--resolve", "--version", "--shell-completion", "-sc")
+
+
 def precheck_or_exit(argv: list[str]) -> None:
-    """Compose a single run's overrides before Hydra does, so that an unknown group option, an unknown key or a
-    malformed override prints one clear line and leaves a failed row (Hydra's own messages span many lines)."""
+    """Compose (and, for a sweep, validate) the command line before Hydra does, so that an unknown group option, an
+    unknown key, a malformed override or an impossible value prints one clear line naming it (with the valid
+    alternatives) and leaves a failed row, instead of Hydra's multi-line errors. A single run composes here and is
+    validated by ``run.py`` itself (its row records the failure); a multirun (``-m``) composes and validates every
+    job of the sweep (``harness.sweeps.expand``, the basic sweeper's job list), so one bad job stops the sweep before
+    anything is launched. Nothing is checked for help / ``--cfg`` / other ``--`` flags, or with
+    ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides (launcher,
+    sweep dirs) are left to Hydra and do not affect the jobs' configs."""
     import os
     import sys
 
-    if any(a in ("-m", "--multirun", "--help", "-h", "--hydra-help", "--info") or a.startswith("--cfg")
-           or a.startswith("hydra") or a.startswith("--") for a in argv):
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if any(a in HELP_FLAGS or a.startswith("--cfg") or a.startswith("hydra.searchpath")
+           or (a.startswith("-") and a not in ("-m", "--multirun")) for a in argv):
         return
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
     try:
-        cfg = compose([a for a in argv if not a.startswith("-")])
-        results_dir = cfg.paths.results_dir
-    except Exception as e:  # noqa: BLE001
+        if multirun:
+            _precheck_sweep(overrides)
+        else:
+            compose(overrides)
+    except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         from harness.pipeline import fail_before_compose
 
-        msg = " ".join(str(e).split("\n")[:1]).strip() or type(e).__name__
-        hint = ""
-        if "Could not find" in msg or "Could not load" in msg:
-            group = msg.split("'")[1].split("/")[0] if "'" in msg else ""
-            opts = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group and (CONF_DIR / group).is_dir() else []
-            hint = f" (available: {', '.join(opts)})" if opts else ""
-        line = f"config error: {msg}{hint}"
+        line = explain(e, overrides)
         fail_before_compose(os.environ.get("HARNESS_RESULTS_DIR", "results"), line)
         print(line, file=sys.stderr)
         sys.exit(2)
+
+
+class SweepJobError(Exception):
+    def __init__(self, job: list[str], error: BaseException):
+        super().__init__(str(error))
+        self.job, self.error = job, error
+
+
+def _precheck_sweep(overrides: list[str]) -> None:
+    from harness import pipeline, sweeps
+
+    for job in sweeps.expand(overrides):
+        try:
+            pipeline.validate(compose(job), data=False)  # data: the jobs check it where they run
+        except Exception as e:  # noqa: BLE001
+            raise SweepJobError(job, e) from None
+
+
+def explain(e: BaseException, overrides: list[str]) -> str:
+    """One line for a composition or validation error, naming the override / key / file and the valid choices."""
+    if isinstance(e, SweepJobError):
+        return f"config error in sweep job [{' '.join(e.job)}]: {explain(e.error, e.job).removeprefix('config error: ')}"
+    from harness.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return f"config error: {str(e).splitlines()[0]}"
+    name = type(e).__name__
+    msg = " ".join(str(e).split("\n")[:1]).strip() or name
+    hint = ""
+    if "Could not find" in msg or "Could not load" in msg:
+        quoted = [q for q in msg.split("'")[1::2] if "/" in q]
+        group = quoted[0].rsplit("/", 1)[0] if quoted else ""
+        opts = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group and (CONF_DIR / group).is_dir() else []
+        hint = f" (available: {', '.join(opts)})" if opts else ""
+    elif "Could not override" in msg or "not in struct" in msg:
+        key = next((q for q in msg.split("'")[1::2] if q), "")
+        parent, _, leaf = key.rpartition(".")
+        valid, extra = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")])
+        hint = f" (valid keys of {parent or 'the config'}: {', '.join(valid)}" if valid else ""
+        if valid and extra:
+            hint += f"; not in its YAML, set with +{parent}.<key>=...: {', '.join(extra)}"
+        hint += ")" if valid else ""
+    elif name == "OverrideParseException":
+        bad = [o for o in overrides if _unparsable(o)]
+        msg = f"cannot parse override {bad[0]!r}: {msg}" if bad else msg
+        hint = " (syntax: https://hydra.cc/docs/advanced/override_grammar/basic)"
+    return f"config error: {msg}{hint}"
+
+
+def _valid_keys(parent: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
+    import dataclasses
+
+    from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
+
+    try:
+        node = compose(_first_values([o for o in overrides if not _unparsable(o)]))
+        for part in [p for p in parent.split(".") if p]:
+            node = node[part]
+        keys = sorted(str(k) for k in node.keys())
+    except Exception:  # noqa: BLE001 - a hint only
+        return [], []
+    schema = None
+    try:
+        if parent == "train":
+            from harness.train import TrainArgs as schema
+        elif parent == "method":
+            from harness.methods import METHODS
+
+            schema = METHODS.get(str(node.get("name"))).Args
+        elif parent == "model":
+            from harness.models import MODELS
+
+            schema = MODELS.get(str(node.get("name"))).Args
+    except Exception:  # noqa: BLE001
+        schema = None
+    extra = sorted(f.name for f in dataclasses.fields(schema) if f.name not in keys) if schema else []
+    return keys, extra
+
+
+def _unparsable(override: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+        return False
+    except Exception:  # noqa: BLE001
+        return True

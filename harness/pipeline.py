@@ -13,12 +13,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import results
-from harness.config import ConfigError, to_args
+from harness.config import AUTOCAST, ConfigError, to_args
 from harness.data import build_data
-from harness.evals import EvalContext, build_evaluators
+from harness.evals import EvalContext, build_evaluators, check_lengths, check_suite
+from harness.evals import max_length as eval_max_length
 from harness.methods import build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
-from harness.models import build_model
+from harness.models import build_model, check_fits
 from harness.train import TrainArgs
 
 GROUPS = ("model", "method", "data", "train", "eval")
@@ -71,13 +72,31 @@ def _previous_run_id(path: Path | None) -> str | None:
         return None
 
 
-def validate(cfg):
-    """Check every group before anything expensive happens: method, train recipe and eval suite arguments."""
+def native_ctx(cfg) -> int:
+    """The model config's native window C (what every length setting is a multiple of), checked."""
+    c = (cfg.get("model") or {}).get("native_ctx")
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ConfigError(f"model={cfg.model.get('name')}: native_ctx must be a positive integer (the pretrained "
+                          f"window C in tokens), got {c!r}")
+    return c
+
+
+def validate(cfg, data: bool = True):
+    """Check every group before anything loads: the method against the model's native window C and the train
+    recipe, the recipe itself, the attention backend, the evaluation autocast, and every evaluator (lengths, settings
+    and, with ``data``, that its local data and the method's files can be read). Each impossible value is one
+    ConfigError line naming the key and the valid range."""
+    c = native_ctx(cfg)
     method = build_method(cfg.method)
     attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()
-    build_evaluators(OmegaConf.to_container(cfg.eval.suite, resolve=True))
+    method.check(c, train)
+    if data:
+        method.check_data(c)
+    check_autocast(cfg.get("autocast", "auto"), "autocast")
+    check_lengths(list(cfg.eval.get("lengths") or []), c, "eval.lengths")
+    check_suite(OmegaConf.to_container(cfg.eval.suite, resolve=True), c, data=data)
     return method, train
 
 
@@ -87,12 +106,22 @@ def attention_args(cfg) -> AttentionArgs:
     return a
 
 
+def check_autocast(value, key: str) -> None:
+    if value not in AUTOCAST:
+        raise ConfigError(f"{key}: unknown compute dtype {value!r} (valid: {', '.join(AUTOCAST)})")
+
+
 def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None):
-    """Model + method: load the base (or a fine-tuned checkpoint), choose the attention backend, apply the extension
-    method. Before a fine-tuning run the base model is measured inside its window first
-    (``harness.evals.convergence``), so that the fine-tuned row can be compared with it on the same documents and
-    prompts. ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
+    """Model + method: load the base (or a fine-tuned checkpoint), check that the longest evaluation input fits in
+    memory, choose the attention backend and apply the extension method. Before a fine-tuning run the base model is
+    measured inside its window first (``harness.evals.convergence``), so that the fine-tuned row can be compared with
+    it on the same documents and prompts. ``before_extend(handle)`` lets a caller measure the base model too
+    (learning curves)."""
     handle = build_model(cfg.model)
+    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
+    for key, ev in zip(suite, build_evaluators(suite)):
+        check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
+                   key=f"eval.suite.{key}")
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)

@@ -27,8 +27,9 @@ How it fits together:
   The row is ``ok`` when every planned shard is, ``failed`` (with the shard's one-line error) when one failed in its
   latest attempt, ``running`` otherwise.
 - A shard's output equals the unsharded evaluator's output restricted to its length when the evaluator treats
-  lengths independently (seeds per length); ``min_tokens: 0`` (ppl: documents as long as the largest length) is
-  pinned to the entry's largest length so every shard scores the same documents.
+  lengths independently (seeds per length); ``min_tokens: 0`` (ppl, yarn protocol: documents as long as the largest
+  length) is pinned to the entry's largest length so every shard scores the same documents (the longlora protocol
+  has no filter: every shard scores the same first documents anyway).
 - An evaluation shard of a fine-tuned run loads the fine-tuned weights from ``checkpoint/`` (written by the ``train``
   shard); it fails with a one-line message if the run was not trained yet.
 """
@@ -279,7 +280,8 @@ def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
 
     node = OmegaConf.to_container(cfg.eval.suite[shard.entry], resolve=True)
     if shard.length is not None:
-        if node.get("min_tokens") == 0:  # ppl picks documents long enough for the largest length of the entry
+        # ppl, yarn protocol: documents long enough for the largest length of the entry (longlora: no filter, LCEG)
+        if node.get("min_tokens") == 0 and node.get("protocol", "yarn") == "yarn":
             node["min_tokens"] = max(int(L) for L in node["lengths"])
         node["lengths"] = [shard.length]
     ev = build_evaluators({shard.entry: node})[0]

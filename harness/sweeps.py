@@ -39,7 +39,8 @@ def _first_values(overrides: list[str]) -> list[str]:
 def sweeper_params(argv: list[str]) -> list[str]:
     """``hydra.sweeper.params`` of the composed config, as override strings."""
     cfg = compose(_first_values(argv), with_hydra=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or {}, resolve=False) or {}
+    node = cfg.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
     return [f"{k}={' '.join(str(v).split())}" for k, v in params.items()]
 
 

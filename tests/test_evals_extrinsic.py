@@ -123,6 +123,107 @@ def test_averages_table4():
     assert round(M.averages(pi)["task_average"], 1) == 36.3
 
 
+# --- differential test against lm-eval's copy of LongBench's metrics (an installed, independent reference) ---------
+def lm_eval_longbench():
+    """``lm_eval/tasks/longbench/metrics.py`` (lm-eval 0.4.13, "taken and slightly modified from THUDM/LongBench"),
+    loaded by path so that lm_eval's task registry is not imported."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0])
+    spec = importlib.util.spec_from_file_location("lm_eval_longbench_metrics", root / "tasks/longbench/metrics.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+LM_EVAL_METRIC = {"qa_f1_score": "get_qa_f1_score", "rouge_score": "get_rouge_score",
+                  "classification_score": "get_classification_score", "count_score": "get_count_score",
+                  "retrieval_score": "get_retrieval_score", "code_sim_score": "get_code_sim_score"}
+
+
+def edge_predictions(sample: dict, other: dict) -> list[str]:
+    """Predictions for one fixture sample: the gold answers, decorated and broken in the ways generations are."""
+    gold = sample["answers"][0]
+    preds = ["", " ", "...", "?!", "\n", "\n\n" + gold, "\n" + gold + "\nmore text", gold, gold.upper(),
+             gold + ".", "The answer is " + gold, gold + " and " + other["answers"][0], other["answers"][0],
+             gold[: max(1, len(gold) // 2)], "  " + gold + "  ", "a an the", "1 2 3", "Paragraph 3 or 7",
+             "# comment\n" + gold, "```python\n" + gold + "\n```", "// c\n" + gold]
+    if sample.get("all_classes"):
+        preds += [" ".join(sample["all_classes"][:3]), sample["all_classes"][5] + " or " + gold]
+    return preds
+
+
+def code_lines_differ(pred: str) -> bool:
+    """Where lm-eval's code_sim line choice departs from THUDM's: it skips whitespace-only lines (THUDM only strips
+    leading newlines, then may pick a blank or whitespace line)."""
+    thudm = next((x for x in pred.lstrip("\n").split("\n") if "`" not in x and "#" not in x and "//" not in x), "")
+    lm = next((x for x in pred.split("\n") if x.strip() and "`" not in x and "#" not in x and "//" not in x), "")
+    return thudm != lm
+
+
+def test_longbench_metrics_equal_lm_evals_on_fixtures_and_edge_cases():
+    """Every task's metric, on every fixture sample x 21+ predictions (gold, empty, whitespace, leading newline,
+    punctuation only, articles only, case, extra words, another sample's answer, code fences, comments), equals
+    lm-eval's LongBench metric: per (prediction, gold) pair and max over the gold answers. lm-eval's two
+    modifications of THUDM's code are asserted as departures: code_sim skipping whitespace-only lines (the harness
+    keeps THUDM's line choice) and get_* stripping the prediction (THUDM's scorer does not; ROUGE-L then differs on
+    "  gold  "). The LongLoRA golden re-scoring depends on THUDM's behaviour."""
+    from fuzzywuzzy import fuzz
+
+    ref = lm_eval_longbench()
+    n_pairs = n_code_departures = n_strip_departures = 0
+    for task in M.TASKS:
+        rows = load_task(FIXTURES, task)
+        ours = M.METRICS[task]
+        theirs = getattr(ref, ours.__name__)
+        for i, sample in enumerate(rows):
+            other = rows[(i + 1) % len(rows)] if len(rows) > 1 else sample
+            for pred in edge_predictions(sample, other):
+                for gt in sample["answers"]:
+                    kw = {"all_classes": sample.get("all_classes")}
+                    if ours is M.code_sim_score and code_lines_differ(pred):
+                        n_code_departures += 1
+                        line = next((x for x in pred.lstrip("\n").split("\n")
+                                     if "`" not in x and "#" not in x and "//" not in x), "")
+                        assert ours(pred, gt, **kw) == fuzz.ratio(line, gt) / 100
+                        continue
+                    assert ours(pred, gt, **kw) == theirs(pred, gt, **kw), (task, pred, gt)
+                    n_pairs += 1
+                # sample level (eval.py's scorer): first line for the first-line tasks (lm-eval: until ["\\n"]), max
+                # of the metric over the gold answers; lm-eval's get_* also strip the prediction (THUDM does not),
+                # so they are compared where stripping changes nothing, and lm-eval's metric is maxed here otherwise
+                if ours is M.code_sim_score and code_lines_differ(pred):
+                    continue
+                first = M.postprocess(task, pred, M.FIRST_LINE_TASKS["longbench"])
+                got = M.sample_score(task, pred, sample["answers"], sample.get("all_classes"),
+                                     M.FIRST_LINE_TASKS["longbench"])
+                kw = {"all_classes": sample.get("all_classes")}
+                assert got == max(theirs(first, gt, **kw) for gt in sample["answers"]), (task, pred)
+                strip_matters = ours is not M.code_sim_score and any(
+                    theirs(first, gt, **kw) != theirs(first.strip(), gt, **kw) for gt in sample["answers"])
+                if strip_matters:
+                    n_strip_departures += 1
+                    continue
+                want = getattr(ref, LM_EVAL_METRIC[ours.__name__])(sample, [first])
+                assert got == list(want.values())[0], (task, pred)
+    assert n_pairs > 16 * 2 * 20 and n_code_departures > 0 and n_strip_departures > 0
+
+
+def test_longbench_edge_cases_are_pinned():
+    """The edge cases the differential test covers, with their values (and lm-eval agreeing on each)."""
+    ref = lm_eval_longbench()
+    cases = [(M.qa_f1_score, "", "Varn", 0), (M.qa_f1_score, "\nVarn", "Varn", 1.0), (M.qa_f1_score, "...", "...", 0),
+             (M.rouge_score, "", "a b", 0.0), (M.rouge_score, "...", "a b", 0.0), (M.rouge_score, "\na b", "a b", 1.0),
+             (M.count_score, "", "5", 0.0), (M.retrieval_score, "\nParagraph 7", "Paragraph 7", 1.0),
+             (M.code_sim_score, "\n\n    return best", "    return best", 1.0)]
+    for fn, pred, gt, want in cases:
+        assert fn(pred, gt) == getattr(ref, fn.__name__)(pred, gt) == pytest.approx(want, abs=1e-6), (fn, pred)
+    classes = LONGBENCH_TREC_CLASSES
+    for pred in ("", "\nCity", "?!", "City Country"):
+        assert M.classification_score(pred, "City", all_classes=classes) == \
+            ref.classification_score(pred, "City", all_classes=classes)
+
+
 def test_prompts_verbatim():
     assert "asconcisely" in M.PROMPTS["narrativeqa"]
     assert M.PROMPTS["passage_count"].endswith("The final answer is: ")

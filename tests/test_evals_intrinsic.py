@@ -127,6 +127,90 @@ def test_ppl_matches_direct_hf_loss(tmp_path, tok, model64):
     assert r["ppl"][str(L)] == pytest.approx(2.71828 ** np.mean(ll), rel=1e-4)
 
 
+def lceg_windows(path, L, docs=10):
+    """Leooyii/LCEG eval_perplexity/eval_*.py, written out: the first ``docs`` documents of the .bin (split at the
+    token ``data[0]``), window starts every 256 tokens, the last one dropped (get_as_batch)."""
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    doc_start_idx = np.flatnonzero(data == data[0])
+    data = data[: doc_start_idx[docs]]
+    all_ix = list(range(0, len(data) - L, 256))
+    all_ix.pop()
+    return np.asarray(data, dtype=np.int64), all_ix
+
+
+def write_bin(path, lengths, seed=0):
+    """A LongLoRA-style .bin: documents of the given lengths, each starting with BOS = 1 (a length-1 document is
+    only its BOS), other ids in 3..4095."""
+    rng = np.random.default_rng(seed)
+    parts = [np.concatenate([[1], rng.integers(3, 4096, n - 1)]) for n in lengths]
+    np.concatenate(parts).astype(np.uint16).tofile(path)
+
+
+class NoBos:
+    """The tiny tokenizer without a BOS token (as SmolLM2's): text streams then separate documents with EOS."""
+
+    def __init__(self, tok):
+        self.tok, self.bos_token_id, self.eos_token_id = tok, None, tok.eos_token_id
+
+    def __call__(self, *a, **k):
+        return self.tok(*a, **k)
+
+
+def test_ppl_longlora_default_scores_lcegs_windows(tmp_path, tok, model64):
+    """protocol=longlora with default settings scores exactly the windows of LCEG's loop on a stream with short
+    documents and a BOS-only document (the old default dropped documents shorter than the largest length), with
+    the .bin's own separators whatever the tokenizer's BOS; min_tokens > 0 is the explicit filter."""
+    path = tmp_path / "test.bin"
+    write_bin(path, [900, 40, 1500, 1, 300, 2000, 64, 800, 10, 1200, 700, 500])  # 12 documents, LCEG keeps 10
+    h = ModelHandle(model64, tok, "rand", 256)
+    lengths = [512, 1024]
+    ev = Perplexity(Perplexity.Args(dataset=f"bin:{path}", protocol="longlora", samples=10, lengths=lengths,
+                                    max_windows=0))
+    assert ev.args.min_tokens == 0
+    r = ev.run(h, None, ctx(tmp_path))
+    recs = [json.loads(x) for x in (tmp_path / "samples" / "ppl_longlora.jsonl").read_text().splitlines()]
+    for L in lengths:
+        data, ix = lceg_windows(path, L)
+        assert r["scored"][str(L)]["windows"] == r["scored"][str(L)]["windows_total"] == len(ix) > 0
+        assert [x["begin"] for x in recs if x["length"] == L] == ix
+    assert r["documents"] == 10 and r["documents_too_short"] == 0
+    # the PPL is LCEG's: 2.71828 ** mean of HF's full-window loss over those windows
+    data, ix = lceg_windows(path, 512)
+    losses = [model64(torch.tensor(data[i : i + 512])[None], labels=torch.tensor(data[i : i + 512])[None]).loss.item()
+              for i in ix]
+    assert r["ppl"]["512"] == pytest.approx(2.71828 ** np.mean(losses), rel=1e-4)
+    # no BOS in the tokenizer: the same stream (the file's separators are kept), the same number
+    r2 = Perplexity(ev.args).run(ModelHandle(model64, NoBos(tok), "rand", 256), None, ctx(tmp_path / "nobos"))
+    assert r2["ppl"] == r["ppl"] and r2["scored"] == r["scored"]
+    # the filter is an explicit option: documents shorter than 1024 tokens left out, still the first 10 kept
+    rf = Perplexity(Perplexity.Args(dataset=f"bin:{path}", protocol="longlora", samples=10, lengths=[512],
+                                    min_tokens=1024)).run(h, None, ctx(tmp_path / "f"))
+    assert rf["documents"] == 3 and rf["documents_too_short"] == 9 and rf["min_tokens"] == 1024
+    assert rf["scored"]["512"]["windows_total"] != len(lceg_windows(path, 512)[1])
+
+
+def test_ppl_text_stream_keeps_short_and_empty_documents(tmp_path, tok, model64):
+    """Text datasets under protocol=longlora: the first `samples` documents whatever their length, an empty document
+    kept as its separator alone (LCEG keeps a BOS-only document); without a BOS the separator is EOS."""
+    d = tmp_path / "docs"
+    d.mkdir()
+    texts = ["the king went to the river. " * 60, "", "a stone.", "the queen came and saw the light. " * 50]
+    for i, t in enumerate(texts):
+        (d / f"doc{i}.txt").write_text(t)
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    ev = Perplexity(Perplexity.Args(dataset=f"dir:{d}", protocol="longlora", samples=4, lengths=[256]))
+    stream, n, short = ev.stream(tok, ev.min_tokens([256]))
+    assert (n, short) == (4, 0)
+    assert stream == [t for x in ids for t in [tok.bos_token_id] + x]
+    stream, n, _ = ev.stream(NoBos(tok), 0)
+    assert stream == [t for x in ids for t in [tok.eos_token_id] + x] and n == 4
+    r = ev.run(ModelHandle(model64, tok, "rand", 256), None, ctx(tmp_path))
+    assert r["documents"] == 4 and r["scored"]["256"]["windows_total"] == len(longlora_starts(len(stream), 256, 256))
+    # yarn keeps its own default: documents at least as long as the largest length
+    ev_y = Perplexity(Perplexity.Args(dataset=f"dir:{d}", protocol="yarn", samples=4, lengths=[256]))
+    assert ev_y.min_tokens([256]) == 256 and ev_y.documents(tok, 256)[1] == 2
+
+
 def test_ppl_skips_lengths_beyond_method(tmp_path, tok, model64):
     d = toy_docs(tmp_path)
     ev = Perplexity(Perplexity.Args(dataset=f"dir:{d}", samples=1, lengths=[128, 512]))

@@ -39,7 +39,7 @@ def test_typo_in_method_key_is_one_clear_line():
 
 
 def test_unknown_method_name():
-    with pytest.raises(KeyError, match="unknown method 'nope'"):
+    with pytest.raises(ConfigError, match="method=nope: unknown method 'nope'; known: abf, base"):  # one line
         build_method({"name": "nope"})
 
 

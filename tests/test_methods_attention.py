@@ -132,9 +132,9 @@ def test_self_extend_equals_plain_attention_within_window_and_decode_matches():
     model = random_llama(kv_heads=2)
     ids = torch.randint(3, 250, (2, 48))
     ref = decoder_out(model, ids)
-    SelfExtend(SelfExtend.Args(window=64, group=4, block_q=16, block_k=16)).apply(handle_of(model, ctx=128))
+    SelfExtend(SelfExtend.Args(window=0.5, group=4, block_q=16, block_k=16)).apply(handle_of(model, ctx=128))  # W 64
     assert (decoder_out(model, ids) - ref).abs().max() <= 1e-5
-    SelfExtend(SelfExtend.Args(window=8, group=4, block_q=16, block_k=16)).apply(handle_of(model))
+    SelfExtend(SelfExtend.Args(window=0.125, group=4, block_q=16, block_k=16)).apply(handle_of(model))  # W = C/8 = 8
     full = decoder_out(model, ids)
     assert (full - ref).abs().max() > 1e-3  # grouped attention is actually used
     from transformers import DynamicCache
@@ -171,13 +171,13 @@ def test_lm_infinite_equals_plain_attention_within_window():
     model = random_llama(kv_heads=2)
     ids = torch.randint(3, 250, (2, 48))
     ref = decoder_out(model, ids)
-    LMInfinite(LMInfinite.Args(n_global=4, n_local=0, block_q=16, block_k=16)).apply(handle_of(model, ctx=64))
+    LMInfinite(LMInfinite.Args(n_global=4, n_local=1, block_q=16, block_k=16)).apply(handle_of(model, ctx=64))
     assert (decoder_out(model, ids) - ref).abs().max() <= 1e-5
 
 
 # ------------------------------------------------------------------------------------------------ padding (SE, LMI)
-@pytest.mark.parametrize("method", [SelfExtend(SelfExtend.Args(window=8, group=4, block_q=8, block_k=8)),
-                                    LMInfinite(LMInfinite.Args(n_global=3, n_local=8, block_q=8, block_k=8))])
+@pytest.mark.parametrize("method", [SelfExtend(SelfExtend.Args(window=0.125, group=4, block_q=8, block_k=8)),
+                                    LMInfinite(LMInfinite.Args(n_global=3, n_local=0.125, block_q=8, block_k=8))])
 def test_batch_with_right_and_left_padding(method):
     model = random_llama(kv_heads=2)
     method.apply(handle_of(model))
@@ -416,14 +416,14 @@ def test_smollm2_runs(name):
     ref = decoder_out(handle.model, ids)
     node = group_defaults("method", name)
     if name == "self_extend":
-        node.update(window=32, group=4)
+        node.update(window=32 / 8192, group=4)  # 32 tokens (lengths are multiples of C = 8192)
     if name == "lm_infinite":
-        node.update(n_local=32)
+        node.update(n_local=32 / 8192)
     meth = build_method(node)
     meth.apply(handle)
     out = decoder_out(handle.model, ids)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     if name in ("self_extend", "lm_infinite"):
-        node.update(window=4096) if name == "self_extend" else node.update(n_local=4096)
+        node.update(window=0.5) if name == "self_extend" else node.update(n_local=0.5)  # 4096 tokens
         build_method(node).apply(handle)
         assert (decoder_out(handle.model, ids) - ref).abs().max() <= 1e-4

@@ -114,24 +114,27 @@ def test_ntk_32k_64k_table7_8():
     assert [ntk_multiplier(8, m * C, C, 8 * C, 8 * C) for m in (1, 2, 4, 8, 16)] == [57] * 5
     assert ntk_multiplier(8, 16 * C, C, min_len=16 * C) == 121
     for name, ts in (("ntk_32k", [29, 29, 29, 29, 61]), ("ntk_64k", [57] * 5)):
-        model = llama(128)
-        # the YAMLs are written for tiny (C=256): rescale their lengths to this model's C
-        from harness.conf_utils import group_defaults
-
-        y = group_defaults("method", name)
-        apply(name, model, min_len=y["min_len"] * C // 256, max_len=y["max_len"] * C // 256)
-        base, d = dims(model)
-        for m, t in zip((1, 2, 4, 8, 16), ts):
-            torch.testing.assert_close(rope_at(model, m * C)[0], default_inv_freq(base * t ** (d / (d - 2)), d))
+        for ctx in (C, 2 * C):  # the YAMLs are in units of C: the same settings on any window, no rescaling
+            model = llama(128, ctx=ctx)
+            meth = apply(name, model, ctx=ctx)
+            base, d = dims(model)
+            for m, t in zip((1, 2, 4, 8, 16), ts):
+                assert meth.scale_factor(m * ctx, ctx) == t
+                torch.testing.assert_close(rope_at(model, m * ctx)[0], default_inv_freq(base * t ** (d / (d - 2)), d))
+    model = llama(128)
+    apply("ntk_64k", model, min_len=16, max_len=0)  # the LCEG code's clamp (methods.md 4.2): 121 at 16C
+    base, d = dims(model)
+    torch.testing.assert_close(rope_at(model, 16 * C)[0], default_inv_freq(base * 121 ** (d / (d - 2)), d))
 
 
 def test_ntk_dynamic_yaml_values():
     from harness.conf_utils import group_defaults
 
     y32, y64 = group_defaults("method", "ntk_32k"), group_defaults("method", "ntk_64k")
-    assert (y32["factor"], y32["min_len"], y32["max_len"]) == (4.0, 2048, 0)  # s = ceil(2048/256/2) = 4
-    assert ntk_multiplier(y32["factor"], 2048, 256, y32["min_len"]) == 29  # Table 7 NTK-32K
-    assert ntk_multiplier(y64["factor"], 4096, 256, y64["min_len"], y64["max_len"]) == 57  # Table 7 NTK-64K
+    assert (y32["factor"], y32["min_len"], y32["max_len"]) == (4.0, 8, 0)  # s = ceil(32k/4k/2) = 4; l >= 8C
+    assert (y64["factor"], y64["min_len"], y64["max_len"]) == (8.0, 8, 8)
+    assert ntk_multiplier(y32["factor"], 8 * C, C, y32["min_len"] * C) == 29  # Table 7 NTK-32K
+    assert ntk_multiplier(y64["factor"], 16 * C, C, y64["min_len"] * C, y64["max_len"] * C) == 57  # Table 7 NTK-64K
     assert METHODS.get("ntk_32k") is METHODS.get("ntk_dynamic") is METHODS.get("ntk_64k")
 
 
@@ -562,7 +565,7 @@ def test_hf_dynamic_ntk_stale_cache_bug_25104():
 CACHE_CASES = {
     "ntk_frozen": dict(),
     "ntk_dynamic": dict(min_len=0),
-    "ntk_32k": dict(min_len=2 * C),  # static up to 2C, dynamic beyond
+    "ntk_32k": dict(min_len=2),  # static up to 2C, dynamic beyond
     "clex": dict(time_dt=0.5, max_factor=4),
     "longrope": dict(),
     "longrope2": dict(),
@@ -605,10 +608,18 @@ def test_kv_cache_refresh_multilayer_closer_than_stale():
 
 
 def test_kv_cache_stale_mode_reproduces_transformers():
+    """kv_cache: stale decodes exactly as transformers' own "dynamic" rope type does (same weights, same cache, keys
+    rotated with the base of the step that cached them, #25104), and both differ from a full recompute past C."""
+    from harness.methods.rope import rebuild_rotary
+
     model = llama(64, layers=2)
     apply("ntk_frozen", model, kv_cache="stale")
+    hf = llama(64, layers=2)  # the same seeded weights
+    hf.config.rope_parameters = {**hf.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    rebuild_rotary(hf)
     ids = torch.randint(3, 256, (1, C + 8))
     cached, full = greedy_logits_cached(model, ids, C - 4), full_logits(model, ids, C - 4)
+    torch.testing.assert_close(cached, greedy_logits_cached(hf, ids, C - 4), rtol=1e-5, atol=1e-5)
     assert (cached[5:] - full[5:]).abs().max() > 1e-3
 
 

@@ -77,11 +77,28 @@ def python_stdlib(split: str = "train", min_bytes: int = 4000) -> list[Document]
 
 
 def local_directory(path: str | os.PathLike, pattern: str = "*.txt") -> list[Document]:
-    """Plain-text documents from a local directory (e.g. PG19 or Paul Graham essays on a cluster)."""
+    """Plain-text documents from a local directory (e.g. PG19 or Paul Graham essays on a cluster). A directory that
+    is missing, holds no ``pattern`` file, only empty ones, or a file that is not UTF-8 text (a NUL byte or an invalid
+    sequence: binary data, another encoding) is refused with one line naming it, never scored as if it were text."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"data directory not found: {p}")
-    return [Document(f.name, f.read_text(encoding="utf-8", errors="ignore")) for f in sorted(p.glob(pattern))]
+    files = sorted(f for f in p.glob(pattern) if f.is_file())
+    if not files:
+        raise ValueError(f"data directory {p} has no {pattern} files")
+    docs = []
+    for f in files:
+        raw = f.read_bytes()
+        try:
+            if b"\x00" in raw:
+                raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{f} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        docs.append(Document(f.name, text))
+    if not any(d.text.strip() for d in docs):
+        raise ValueError(f"data directory {p}: every {pattern} file is empty")
+    return docs
 
 
 SOURCES = {"shakespeare": shakespeare, "python_stdlib": python_stdlib}

@@ -4,6 +4,12 @@ An evaluator class has an ``Args`` dataclass (validated against its YAML) and ``
 returning a JSON-able dict of metrics: ``{"metric": {length: value}, ...}`` plus whatever the tables need. Lengths
 the method cannot serve are reported under ``"skipped"`` with a reason, never silently dropped. Per-sample records
 go to ``ctx.samples_path(name)`` (JSONL beside the row).
+
+Before anything loads, ``check_suite`` refuses impossible settings with one line naming the key and the valid
+range: evaluation lengths that are not positive integers or exceed :data:`MAX_EVAL_WINDOWS` x the native window C,
+and whatever an evaluator's own ``check(native_ctx, where)`` / ``check_data(where)`` hooks refuse (e.g. a PPL data
+directory that is missing, empty or not text). ``max_length()`` (the longest input an evaluator builds) feeds the
+memory check made once the model is loaded (``harness.models.check_fits``).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from harness.config import ConfigError, to_args
 from harness.registry import Registry
 
 EVALS: Registry = Registry("evaluator", "harness.evals")
+MAX_EVAL_WINDOWS = 1024  # the longest evaluation length: this many native windows (LLaMA2: 4M tokens; tiny: 262k)
 
 
 @dataclass
@@ -42,9 +49,63 @@ def build_evaluators(suite_cfg) -> list:
     out = []
     for key, node in (suite_cfg or {}).items():
         name = (node or {}).get("name") or key
-        cls = EVALS.get(name)
-        out.append(cls(to_args(cls.Args, node, f"eval suite entry {key!r}")))
+        try:
+            cls = EVALS.get(name)
+        except KeyError as e:
+            raise ConfigError(f"eval.suite.{key}: {e.args[0]}") from None
+        out.append(cls(to_args(cls.Args, node, f"eval.suite.{key}")))
     return out
+
+
+def check_lengths(lengths, native_ctx: int, key: str) -> list[int]:
+    """Evaluation lengths: positive integers up to MAX_EVAL_WINDOWS x C. Returns them as ints."""
+    cap = MAX_EVAL_WINDOWS * int(native_ctx)
+    out = []
+    for L in lengths or []:
+        if isinstance(L, bool) or not isinstance(L, (int, float)) or L != int(L) or not 1 <= L <= cap:
+            raise ConfigError(f"{key}: {L!r} is not a possible evaluation length (valid: integers 1..{cap} tokens "
+                              f"= {MAX_EVAL_WINDOWS} x the native window C = {native_ctx})")
+        out.append(int(L))
+    return out
+
+
+def max_length(ev) -> int:
+    """The longest input (tokens) an evaluator builds: its own ``max_length()`` or the largest of its lengths."""
+    if hasattr(ev, "max_length"):
+        return int(ev.max_length())
+    return max([int(x) for x in ev.args.lengths] or [0])
+
+
+def check_suite(suite_cfg, native_ctx: int, data: bool = True) -> list:
+    """Build the suite and check every evaluator against the model's native window (and, with ``data``, that its
+    local data can be read) before anything loads. Returns the evaluators."""
+    suite = dict(suite_cfg or {})
+    evaluators = build_evaluators(suite)
+    for key, ev in zip(suite, evaluators):
+        where = f"eval.suite.{key}"
+        check_lengths(ev.args.lengths, native_ctx, f"{where}.lengths")
+        if hasattr(ev, "check"):
+            ev.check(native_ctx, where)
+        L = max_length(ev)
+        if L > MAX_EVAL_WINDOWS * native_ctx:
+            raise ConfigError(f"{where}: builds inputs of {L} tokens (valid: up to {MAX_EVAL_WINDOWS * native_ctx} "
+                              f"= {MAX_EVAL_WINDOWS} x the native window C = {native_ctx})")
+        if data and hasattr(ev, "check_data"):
+            ev.check_data(where)
+    return evaluators
+
+
+def check_nonneg(where: str, **values) -> None:
+    """Integer settings that must be >= 0 (0 usually meaning "default"); one line naming the first bad key."""
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{where}.{k} must be an integer >= 0, got {v!r}")
+
+
+def check_positive(where: str, **values) -> None:
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where}.{k} must be an integer >= 1, got {v!r}")
 
 
 def split_lengths(lengths, handle, method) -> tuple[list[int], dict]:

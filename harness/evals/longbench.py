@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, write_jsonl
 from harness.evals import _longbench_metrics as M
 from harness.evals.common import greedy_generate
 
@@ -143,6 +143,8 @@ def rescore_file(path: str | Path, variant: str = "lceg", average: str = "catego
 
 @EVALS.register("longbench")
 class LongBench:
+    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+
     @dataclass
     class Args(EvalArgs):
         name: str = "longbench"
@@ -179,6 +181,22 @@ class LongBench:
 
     def task_list(self) -> list[str]:
         return list(self.args.tasks) or list(SUBSETS[self.args.subset])
+
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_nonneg(where, samples=a.samples, max_length=a.max_length, max_gen_cap=a.max_gen_cap)
+        if self.max_length() <= 0:
+            raise ConfigError(f"{where}: set max_length (tokens) or lengths")
+
+    def check_data(self, where: str) -> None:
+        d = Path(self.args.data_dir or FIXTURES)
+        missing = [t for t in self.task_list() if not (d / f"{t}.jsonl").is_file()]
+        if missing:
+            raise ConfigError(f"{where}.data_dir: {d} lacks {', '.join(f'{t}.jsonl' for t in missing)} (run "
+                              f"scripts/prepare_eval_data.py on a login node; \"\" = the shipped fixtures)")
+
+    def max_length(self) -> int:
+        return int(self.args.max_length or max([int(x) for x in self.args.lengths] or [0]))
 
     def budget(self, handle, method) -> tuple[int, str | None]:
         a = self.args

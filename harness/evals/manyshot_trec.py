@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, write_jsonl
 from harness.evals._longbench_metrics import PROMPTS, sample_score
 from harness.evals.common import greedy_generate
 from harness.evals.longbench import middle_truncate
@@ -95,6 +95,8 @@ def read_records(path: str | Path) -> list[dict]:
 
 @EVALS.register("manyshot_trec")
 class ManyShotTrec:
+    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+
     @dataclass
     class Args(EvalArgs):
         name: str = "manyshot_trec"
@@ -114,6 +116,16 @@ class ManyShotTrec:
         if any(int(n) <= 0 for n in args.shots):
             raise ConfigError("manyshot_trec: shot counts must be positive")
         self.args = args
+
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_nonneg(where, samples=a.samples, max_length=a.max_length)
+        check_positive(where, max_gen=a.max_gen)
+        if self.max_length() <= 0:
+            raise ConfigError(f"{where}: set max_length (tokens) or lengths")
+
+    def max_length(self) -> int:
+        return int(self.args.max_length or max([int(x) for x in self.args.lengths] or [0]))
 
     def run(self, handle, method, ctx) -> dict:
         a = self.args

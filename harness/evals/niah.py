@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache
 from harness.evals.templates import NIAH_NEEDLE, NIAH_PROMPT, NIAH_QUESTION
 
@@ -99,6 +99,8 @@ def grid(values, default):
 
 @EVALS.register("niah")
 class NeedleInAHaystack:
+    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+
     @dataclass
     class Args(EvalArgs):
         name: str = "niah"
@@ -118,6 +120,35 @@ class NeedleInAHaystack:
         if args.context_lengths and len(args.context_lengths) != 3:
             raise ConfigError("niah: context_lengths must be [min, max, n]")
         self.args = args
+
+    def check(self, native_ctx: int, where: str) -> None:
+        from harness.config import ConfigError
+        from harness.evals import check_lengths
+
+        a = self.args
+        check_positive(where, depth_intervals=a.depth_intervals, gen_tokens=a.gen_tokens)
+        if a.context_lengths:
+            lo, hi, n = a.context_lengths
+            if not (isinstance(n, int) and n >= 1 and 0 < lo <= hi):
+                raise ConfigError(f"{where}.context_lengths must be [min, max, n] with 0 < min <= max and n >= 1, "
+                                  f"got {list(a.context_lengths)}")
+        lengths = check_lengths(self.lengths(), native_ctx, f"{where}.context_lengths")
+        if a.buffer < -1:
+            raise ConfigError(f"{where}.buffer must be -1 (template + gen_tokens) or >= 0 tokens, got {a.buffer}")
+        if lengths and a.buffer >= min(lengths):
+            raise ConfigError(f"{where}.buffer = {a.buffer} tokens leaves no haystack at the shortest context length "
+                              f"{min(lengths)} (valid: -1 or 0..{min(lengths) - 1})")
+
+    def check_data(self, where: str) -> None:
+        from harness.config import ConfigError
+
+        d = self.args.haystack_dir
+        if d and not (Path(d).is_dir() and any(Path(d).glob("*.txt"))):
+            raise ConfigError(f"{where}.haystack_dir: {d} is not a directory of *.txt essays (\"\" = the "
+                              f"Shakespeare test split)")
+
+    def max_length(self) -> int:
+        return max(self.lengths() or [0])
 
     def lengths(self) -> list[int]:
         return grid(self.args.context_lengths, self.args.lengths)

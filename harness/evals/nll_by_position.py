@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
 from harness.evals.common import token_nll
-from harness.evals.ppl import load_documents
+from harness.evals.ppl import check_dataset, load_documents
 
 
 def bucket_means(nll: np.ndarray, buckets: int) -> tuple[list[int], list[float]]:
@@ -46,6 +46,17 @@ class NLLByPosition:
 
     def __init__(self, args):
         self.args = args
+
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_positive(where, samples=a.samples, buckets=a.buckets, chunk=a.chunk)
+        check_nonneg(where, length=a.length)
+
+    def check_data(self, where: str) -> None:
+        check_dataset(self.args.dataset, where)
+
+    def max_length(self) -> int:
+        return self.args.length or max([int(x) for x in self.args.lengths] or [0])
 
     def run(self, handle, method, ctx) -> dict:
         a = self.args

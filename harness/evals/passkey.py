@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, greedy_generate
 from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
 
@@ -88,6 +88,8 @@ def passkey_accuracy(model, tokenizer, length: int, n_samples: int = 50, seed: i
 
 @EVALS.register("passkey")
 class Passkey:
+    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+
     @dataclass
     class Args(EvalArgs):
         name: str = "passkey"
@@ -98,6 +100,10 @@ class Passkey:
 
     def __init__(self, args):
         self.args = args
+
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_positive(where, samples=a.samples, gen_tokens=a.gen_tokens, depth_bins=a.depth_bins)
 
     def run(self, handle, method, ctx) -> dict:
         a = self.args

@@ -1,31 +1,43 @@
 """ppl: perplexity over long documents with the two protocols that both get called "sliding window 256".
 
 ``protocol: yarn`` (``jquesnelle/yarn eval/perplexity.py``; the YaRN / PI tables): documents with at least
-``min_tokens`` tokens, the first ``samples`` of them, each scored from its start. With ``truncate`` (Proof-pile
-tables) each document gives one window ``[BOS] + doc[:L-1]`` and every one of its L-1 tokens is scored; without,
-the window slides by ``stride`` and each window scores only tokens not scored before. PPL = exp(unweighted mean of
-per-window mean NLL), as in the original.
+``min_tokens`` tokens (``0`` = the largest evaluation length, eval.sh's ``--dataset-min-tokens``), the first
+``samples`` of them, each scored from its start. With ``truncate`` (Proof-pile tables) each document gives one window
+``[BOS] + doc[:L-1]`` and every one of its L-1 tokens is scored; without, the window slides by ``stride`` and each
+window scores only tokens not scored before. PPL = exp(unweighted mean of per-window mean NLL), as in the original.
 
 ``protocol: longlora`` (``dvlab-research/LongLoRA eval.py``, reused by the controlled study's LCEG
-``eval_perplexity``): the first ``samples`` documents (LCEG: 10) concatenated into one stream with BOS at each
-document start, windows of L tokens starting every ``stride`` tokens (the last start dropped: ``all_ix.pop()``),
-every window scored in full (L-1 predictions), PPL = e^(mean window loss). The numbers of the two protocols are not
-comparable. ``dataset: bin:<path>`` reads LongLoRA's pre-tokenised ``.bin`` files (PG19 ``test.bin``, Proof-pile
-``test_sampled_data.bin``, LLaMA tokenizer) and keeps LCEG's first ``samples`` documents (BOS-delimited); it is only
-meaningful with the LLaMA tokenizer. ``max_windows > 0`` scores an evenly spaced subset of the windows (CPU budget); the row records how
-many windows were scored out of how many.
+``eval_perplexity/eval_*.py``): the first ``samples`` documents (LCEG: 10) *whatever their length* (``min_tokens:
+0``, the default, reproduces LCEG's ``data[:np.flatnonzero(data == data[0])[10]]`` exactly: short documents and a
+document that is only its separator stay in the stream), concatenated into one stream, windows of L tokens starting
+every ``stride`` tokens (the last start dropped: ``all_ix.pop()``), every window scored in full (L-1 predictions),
+PPL = e^(mean window loss). ``min_tokens: N > 0`` is an explicit filter (documents shorter than N tokens are left out
+of the stream; not LCEG). Text datasets put the tokenizer's BOS before each document (EOS when it has no BOS);
+``dataset: bin:<path>`` reads LongLoRA's pre-tokenised ``.bin`` files (PG19 ``test.bin``, Proof-pile
+``test_sampled_data.bin``: uint16 LLaMA token ids, documents starting with the token ``data[0]``) and uses the stream
+as it is, its own separators included, whatever the tokenizer (it is only meaningful with the LLaMA tokenizer). The
+numbers of the two protocols are not comparable. ``max_windows > 0`` scores an evenly spaced subset of the windows
+(CPU budget); the row records how many windows were scored out of how many.
+
+``stride`` (256) is an absolute token count on purpose: both originals slide by 256 tokens whatever the model.
+Refused before anything loads (``check`` / ``check_data``): a missing, empty or non-text data directory, a missing or
+malformed ``.bin``, an unknown source name, samples or stride below 1.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from harness.data.sources import load_source, local_directory
-from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.config import ConfigError
+from harness.data.sources import SOURCES, load_source, local_directory
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
 from harness.evals.common import token_nll
+
+DATASET_FORMS = f"{', '.join(sorted(SOURCES))}, dir:<directory of .txt files>, bin:<LongLoRA .bin file>"
 
 
 def load_documents(dataset: str, split: str):
@@ -34,10 +46,33 @@ def load_documents(dataset: str, split: str):
     return load_source(dataset, split)
 
 
+def check_dataset(dataset: str, where: str) -> None:
+    """One line for a dataset that cannot be read: unknown source, missing / empty / non-text directory, missing or
+    malformed .bin. Reads the directory's files (strict UTF-8), so it costs one pass over the text."""
+    if dataset.startswith("bin:"):
+        p = Path(dataset[4:])
+        if not p.is_file():
+            raise ConfigError(f"{where}.dataset: {p} not found (a LongLoRA .bin token file)")
+        n = p.stat().st_size
+        if n < 4 or n % 2:
+            raise ConfigError(f"{where}.dataset: {p} is not a uint16 token stream ({n} bytes; valid: an even "
+                              f"number of bytes >= 4)")
+        return
+    if dataset.startswith("dir:"):
+        try:
+            local_directory(dataset[4:])
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{where}.dataset: {e}") from None
+        return
+    if dataset not in SOURCES:
+        raise ConfigError(f"{where}.dataset: unknown dataset {dataset!r} (valid: {DATASET_FORMS})")
+
+
 def load_token_stream(path: str, samples: int) -> list[np.ndarray]:
     """LongLoRA/LCEG ``.bin`` data (``np.memmap(path, dtype=np.uint16)``, LLaMA token ids, documents concatenated,
     each starting with the token ``data[0]`` = BOS). Returns the first ``samples`` documents, each starting with its
-    BOS, exactly the slice LCEG keeps: ``data[:np.flatnonzero(data == data[0])[samples]]``."""
+    separator, exactly the slice LCEG keeps: ``data[:np.flatnonzero(data == data[0])[samples]]`` (all documents
+    when the file has fewer)."""
     data = np.memmap(path, dtype=np.uint16, mode="r")
     starts = list(np.flatnonzero(data == data[0])) + [len(data)]
     return [np.asarray(data[starts[i] : starts[i + 1]], dtype=np.int64) for i in range(min(samples, len(starts) - 1))]
@@ -81,7 +116,7 @@ class Perplexity:
         split: str = "test"
         protocol: str = "yarn"  # yarn | longlora
         samples: int = 10  # documents
-        min_tokens: int = 0  # 0 = the largest evaluation length
+        min_tokens: int = 0  # filter (tokens); 0 = yarn: the largest evaluation length, longlora: none (LCEG)
         truncate: bool = True  # yarn protocol only
         stride: int = 256
         max_windows: int = 0  # longlora protocol: score at most this many windows per length (0 = all)
@@ -89,19 +124,59 @@ class Perplexity:
 
     def __init__(self, args):
         if args.protocol not in ("yarn", "longlora"):
-            from harness.config import ConfigError
-
             raise ConfigError(f"ppl: unknown protocol {args.protocol!r} (yarn | longlora)")
         self.args = args
 
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_positive(where, samples=a.samples, stride=a.stride, chunk=a.chunk)
+        check_nonneg(where, min_tokens=a.min_tokens, max_windows=a.max_windows)
+
+    def check_data(self, where: str) -> None:
+        check_dataset(self.args.dataset, where)
+
+    def min_tokens(self, lengths: list[int]) -> int:
+        """The document-length filter in force: explicit, or the protocol's default (yarn: the largest length;
+        longlora: none, as LCEG keeps the first documents whatever their length)."""
+        if self.args.min_tokens:
+            return self.args.min_tokens
+        return max(lengths or [0]) if self.args.protocol == "yarn" else 0
+
+    def stream(self, tokenizer, min_tokens: int) -> tuple[list[int], int, int]:
+        """longlora protocol: (token stream, documents in it, documents left out by the min_tokens filter)."""
+        a = self.args
+        if a.dataset.startswith("bin:"):  # the file's own separators, whatever the tokenizer
+            if not min_tokens:
+                docs = load_token_stream(a.dataset[4:], a.samples)
+                return [int(x) for d in docs for x in d], len(docs), 0
+            kept, short = [], 0
+            for d in load_token_stream(a.dataset[4:], 1 << 62):
+                if len(d) - 1 >= min_tokens:
+                    kept.append(d)
+                else:
+                    short += 1
+                if len(kept) == a.samples:
+                    break
+            return [int(x) for d in kept for x in d], len(kept), short
+        sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        docs, short = self.documents(tokenizer, min_tokens)
+        out: list[int] = []
+        for d in docs:
+            out += ([sep] if sep is not None else []) + d
+        return out, len(docs), short
+
     def documents(self, tokenizer, min_tokens: int) -> tuple[list[list[int]], int]:
+        """The first ``samples`` documents with at least ``min_tokens`` tokens (no separator), and how many shorter
+        ones were passed over."""
         docs, short = [], 0
-        if self.args.dataset.startswith("bin:"):  # pre-tokenised stream: drop each document's leading BOS
-            for d in load_token_stream(self.args.dataset[4:], self.args.samples):
+        if self.args.dataset.startswith("bin:"):  # pre-tokenised stream: drop each document's leading separator
+            for d in load_token_stream(self.args.dataset[4:], 1 << 62 if min_tokens else self.args.samples):
                 if len(d) - 1 >= min_tokens:
                     docs.append(d[1:].tolist())
                 else:
                     short += 1
+                if len(docs) == self.args.samples:
+                    break
             return docs, short
         for d in load_documents(self.args.dataset, self.args.split):
             ids = tokenizer(d.text, add_special_tokens=False).input_ids
@@ -117,12 +192,24 @@ class Perplexity:
         a = self.args
         lengths, skipped = split_lengths(a.lengths, handle, method)
         tok, model = handle.tokenizer, handle.model
-        min_tokens = a.min_tokens or max(lengths or [0])
-        docs, short = self.documents(tok, min_tokens)
+        min_tokens = self.min_tokens(lengths)
+        if a.protocol == "yarn":
+            docs, short = self.documents(tok, min_tokens)
+            n_docs = len(docs)
+        else:
+            stream, n_docs, short = self.stream(tok, min_tokens)
         bos = tok.bos_token_id
         res, scored = {}, {}
-        for L in lengths:
+        for L in list(lengths):
             recs: list[dict] = []
+            if a.protocol == "yarn" and not n_docs:
+                skipped[str(L)] = (f"no document of {a.dataset} has min_tokens = {min_tokens} tokens "
+                                   f"({short} shorter ones)")
+                continue
+            if a.protocol == "longlora" and not longlora_starts(len(stream), L, a.stride):
+                skipped[str(L)] = (f"the stream of {n_docs} documents ({len(stream)} tokens) has no window of {L} "
+                                   f"tokens (LongLoRA's loop needs more than L + stride tokens)")
+                continue
             if a.protocol == "yarn":
                 nlls, n = [], 0
                 for d in docs:
@@ -135,9 +222,6 @@ class Perplexity:
                 res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
                 scored[str(L)] = {"tokens": n, "windows": len(nlls)}
             else:
-                stream = []
-                for d in docs:
-                    stream += ([bos] if bos is not None else []) + d
                 starts = longlora_starts(len(stream), L, a.stride)
                 use = subsample(starts, a.max_windows)
                 losses = [token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk, ctx.autocast).mean().item()
@@ -148,5 +232,5 @@ class Perplexity:
                 res[str(L)] = 2.71828 ** float(np.mean(losses)) if losses else None
                 scored[str(L)] = {"tokens": len(use) * (L - 1), "windows": len(use), "windows_total": len(starts)}
             write_jsonl(ctx.samples_path(f"ppl_{a.protocol}"), recs)
-        return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": len(docs),
-                "documents_too_short": short, "scored": scored, "skipped": skipped}
+        return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": n_docs,
+                "documents_too_short": short, "min_tokens": min_tokens, "scored": scored, "skipped": skipped}

@@ -26,13 +26,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from harness.evals import EVALS, EvalArgs, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
 from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
 from harness.evals.common import PrefixCache
 
 
 @EVALS.register("ruler")
 class Ruler:
+    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+
     @dataclass
     class Args(EvalArgs):
         name: str = "ruler"
@@ -59,6 +61,22 @@ class Ruler:
         if unknown:
             raise ConfigError(f"ruler: unknown tasks {unknown}; known: {ALL_TASKS}")
         self.args = args
+
+    def check(self, native_ctx: int, where: str) -> None:
+        a = self.args
+        check_positive(where, samples=a.samples, essay_increment=a.essay_increment, vt_icl_length=a.vt_icl_length)
+        check_nonneg(where, max_new_tokens=a.max_new_tokens, small_threshold=a.small_threshold)
+
+    def check_data(self, where: str) -> None:
+        from pathlib import Path
+
+        from harness.config import ConfigError
+
+        d = self.args.essay_dir
+        if d and not (Path(d).is_file() or (Path(d).is_dir() and (any(Path(d).glob("*.txt"))
+                                                                   or (Path(d) / "PaulGrahamEssays.json").is_file()))):
+            raise ConfigError(f"{where}.essay_dir: {d} holds no essays (*.txt or PaulGrahamEssays.json; \"\" = the "
+                              f"Shakespeare test split)")
 
     def generator(self, tokenizer, seed: int = 0) -> RulerGenerator:
         a = self.args

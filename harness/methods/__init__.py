@@ -6,6 +6,11 @@ A method is a small object with five hooks (all optional but ``apply``), called 
   in place. Called once, before fine-tuning and evaluation alike.
 - ``train_mode(handle)`` / ``eval_mode(handle)``: switch what differs between fine-tuning and inference
   (LongLoRA: shifted sparse attention + LoRA while training, merged weights and full attention at inference).
+- ``check(native_ctx, train=None)``: refuse impossible settings with one line naming the key and the valid range,
+  *before* anything loads (``pipeline.validate`` calls it with the model config's ``native_ctx`` and the train
+  recipe; ``apply`` calls it again with the loaded model's); ``check_data(native_ctx)`` does the same for files the
+  method reads. Length-like settings are in units of the native window
+  C (``harness.config.window_tokens``), so the same YAML means the same on every model.
 - ``max_length(handle)``: the longest evaluation length the method supports (None = unbounded); evaluators report
   longer lengths as skipped.
 - ``params()``: the method's parameters; saved beside every checkpoint it produces (``method.json``) and checked
@@ -44,6 +49,14 @@ class Method:
     def name(self) -> str:
         return self.args.name
 
+    def check(self, native_ctx: int, train=None) -> None:
+        """Raise ConfigError for settings that cannot work with a model of native window ``native_ctx`` (and the
+        fine-tuning recipe ``train``, a TrainArgs, when given)."""
+
+    def check_data(self, native_ctx: int) -> None:
+        """Raise ConfigError for files the method reads that are missing or do not fit the model (LongRoPE's
+        factors file); ``pipeline.validate(data=True)`` calls it before anything loads."""
+
     def apply(self, handle) -> None:
         pass
 
@@ -71,11 +84,27 @@ class Method:
 
 
 def build_method(cfg) -> Method:
+    """The one builder. The method's YAML (``conf/method/<name>.yaml``) is layered under ``cfg``, so a call from
+    code (``build_method({"name": "ntk_64k"})``) gets the same defaults as ``method=ntk_64k`` on the command line
+    (several names share one class and differ only in their YAML: ntk_dynamic / ntk_32k / ntk_64k)."""
+    from omegaconf import DictConfig, OmegaConf
+
     name = cfg.get("name") if hasattr(cfg, "get") else None
     if not name:
         raise ConfigError("method config has no name")
-    cls = METHODS.get(name)
-    return cls(to_args(cls.Args, cfg, f"method={name}"))
+    try:
+        cls = METHODS.get(name)
+    except KeyError as e:
+        raise ConfigError(f"method={name}: {e.args[0]}") from None
+    node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    return cls(to_args(cls.Args, {**yaml_defaults(name), **node}, f"method={name}"))
+
+
+def yaml_defaults(name: str) -> dict:
+    """The keys of ``conf/method/<name>.yaml`` ({} when the method has no YAML, e.g. one registered in a test)."""
+    from harness.conf_utils import CONF_DIR, group_defaults
+
+    return group_defaults("method", name) if (CONF_DIR / "method" / f"{name}.yaml").is_file() else {}
 
 
 METHOD_FILE = "method.json"

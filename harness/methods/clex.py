@@ -172,12 +172,17 @@ class CLEX(Method):
         time_dt: float = 0.01
         kv_cache: str = "refresh"  # refresh | stale
 
-    def apply(self, handle) -> None:
+    def check(self, native_ctx: int, train=None) -> None:
         a = self.args
         if a.act not in ("silu", "tanh") or a.max_factor < 1 or a.param_factor < 1 or not 0 < a.time_dt <= 1:
-            raise ConfigError("method=clex: act must be silu|tanh, max_factor/param_factor >= 1, 0 < time_dt <= 1")
+            raise ConfigError(f"method=clex: need act silu|tanh, max_factor >= 1 (x C), param_factor >= 1, "
+                              f"0 < time_dt <= 1; got {a.act!r}, {a.max_factor}, {a.param_factor}, {a.time_dt}")
         if a.kv_cache not in ("refresh", "stale"):
             raise ConfigError(f"method=clex: kv_cache must be refresh|stale, got {a.kv_cache!r}")
+
+    def apply(self, handle) -> None:
+        a = self.args
+        self.check(handle.native_ctx)
         model = handle.model
         set_rope_parameters(model, rope_type="clex", max_factor=a.max_factor, param_factor=a.param_factor,
                             act=a.act, time_dt=a.time_dt, original_max_position_embeddings=int(handle.native_ctx))

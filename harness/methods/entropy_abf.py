@@ -12,7 +12,8 @@ Where it is patched: a registered ``AttentionInterface`` function ``"entropy_abf
 from the wrapped implementation's) that scales the query by lambda(position_ids) row by row and then calls the
 model's previous attention implementation (sdpa, eager, flash...) unchanged; the model is switched to it with
 ``set_attn_implementation``. RoPE itself goes through transformers' default rope type with the new base.
-Tiny analogue: base 1000 -> 50,000 (x50, as 1e4 -> 5e5) and C = 256 (log_256 of the position).
+Defaults in units that mean the same on every model: base = ``ratio`` 50 x the model's own base (LLaMA2: 1e4 ->
+500,000, the original's value) and ``log_base`` = 1 C (LLaMA2: 4096, the original's value).
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, check_base, window_tokens
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import set_rope_parameters
+from harness.methods.rope import rope_base, set_rope_parameters
 
 ATTN_NAME = "entropy_abf"
 
@@ -77,22 +78,35 @@ class EntropyABF(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "entropy_abf"
-        rope_theta: float = 500000.0  # the original's hard-coded base
+        rope_theta: float = 0.0  # absolute base; 0 = use ratio
+        ratio: float = 50.0  # base = ratio x the model's base (the original hard-codes 500,000 = 50 x LLaMA2's 1e4)
         exempt_layers: int = 2  # paper: layers 0 and 1 keep lambda = 1
         scale_all_layers: bool = False  # true = the original code's behaviour (exemption is a no-op there)
-        log_base: int = 0  # C in log_C; 0 = the model's native window (original: 4096 = LLaMA2's)
+        log_base: float = 1.0  # x C: the C in log_C (original: 4096 = LLaMA2's native window)
+
+    def check(self, native_ctx: int, train=None) -> int:
+        """Checks the settings; returns log_base in tokens."""
+        a = self.args
+        check_base(a.name, a.rope_theta, a.ratio)
+        if a.exempt_layers < 0:
+            raise ConfigError(f"method=entropy_abf: exempt_layers must be >= 0, got {a.exempt_layers}")
+        n = window_tokens(a.log_base, native_ctx, "method=entropy_abf: log_base", zero_ok=False)
+        if n < 2:
+            raise ConfigError(f"method=entropy_abf: log_base = {a.log_base:g} C = {n} tokens; log_C needs C >= 2 "
+                              f"(valid: >= {2 / native_ctx:g})")
+        return n
 
     def apply(self, handle) -> None:
         a = self.args
-        if a.rope_theta <= 0 or a.exempt_layers < 0:
-            raise ConfigError("method=entropy_abf: need rope_theta > 0 and exempt_layers >= 0")
+        log_base = self.check(handle.native_ctx)
         model = handle.model
-        set_rope_parameters(model, rope_type="default", rope_theta=float(a.rope_theta))
+        theta = float(a.rope_theta if a.rope_theta > 0 else a.ratio * rope_base(model.config))
+        set_rope_parameters(model, rope_type="default", rope_theta=theta)
         base = model.config._attn_implementation
         if base.startswith(ATTN_NAME):  # applied twice: keep the first wrapped implementation
             base = next(m._eabf["base"] for m in model.modules() if "_eabf" in m.__dict__)
         name = register_attention(base)
-        cfg = {"base": base, "native_ctx": int(a.log_base or handle.native_ctx),
+        cfg = {"base": base, "native_ctx": log_base,
                "exempt_layers": 0 if a.scale_all_layers else int(a.exempt_layers)}
         n = 0
         for m in model.modules():

@@ -321,14 +321,28 @@ class Landmark(Method):
         super().__init__(args)
         self.mem_id = None
 
-    def apply(self, handle) -> None:
+    def check(self, native_ctx: int, train=None) -> int:
+        """Checks the settings (block and training length are absolute token counts, see the YAML); returns the
+        inference chunk length."""
         a = self.args
-        if a.mem_freq < 1 or a.top_k < 0:
-            raise ConfigError(f"method=landmark: need mem_freq >= 1 and top_k >= 0 (got {a.mem_freq}, {a.top_k})")
+        if a.mem_freq < 1 or a.top_k < 0 or a.train_len < 0 or a.q_block < 1:
+            raise ConfigError(f"method=landmark: need mem_freq >= 1, top_k >= 0, train_len >= 0, q_block >= 1 "
+                              f"(got {a.mem_freq}, {a.top_k}, {a.train_len}, {a.q_block})")
         chunk = chunk_length(a.train_len or 512, a.mem_freq, a.top_k)
         if a.top_k > 0 and chunk <= 0:
-            raise ConfigError(f"method=landmark: top_k={a.top_k} is too large for train_len={a.train_len} "
-                              f"(chunk length {chunk} <= 0)")
+            block = a.mem_freq + 1
+            top = (a.train_len or 512) // block - 2
+            raise ConfigError(f"method=landmark: top_k={a.top_k} is too large for train_len={a.train_len} and block "
+                              f"{block} (chunk length {chunk} <= 0; valid: 0..{max(top, 0)})")
+        if train is not None and train.enabled and a.train_len and train.seq_len > a.train_len \
+                and train.seq_len % a.train_len:
+            raise ConfigError(f"method=landmark: train.seq_len {train.seq_len} is not a multiple of train_len "
+                              f"{a.train_len} (training sequences are split into train_len pieces)")
+        return chunk
+
+    def apply(self, handle) -> None:
+        a = self.args
+        chunk = self.check(handle.native_ctx)
         model, tok = handle.model, handle.tokenizer
         self.mem_id = ensure_landmark_token(model, tok)
         dec = model.get_decoder()

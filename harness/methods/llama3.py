@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import ConfigError
+from harness.config import ConfigError, check_scale
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods.rope import set_rope_parameters
 
@@ -22,10 +22,16 @@ class Llama3(Method):
         low_freq_factor: float = 1.0
         high_freq_factor: float = 4.0
 
+    def check(self, native_ctx: int, train=None) -> None:
+        a = self.args
+        check_scale(a.name, a.scale)
+        if not 0 < a.low_freq_factor < a.high_freq_factor:
+            raise ConfigError(f"method=llama3: need 0 < low_freq_factor < high_freq_factor (wavelength bands C/high "
+                              f".. C/low), got {a.low_freq_factor}, {a.high_freq_factor}")
+
     def apply(self, handle) -> None:
         a = self.args
-        if a.scale < 1 or a.high_freq_factor <= a.low_freq_factor:
-            raise ConfigError("method=llama3: need scale >= 1 and high_freq_factor > low_freq_factor")
+        self.check(handle.native_ctx)
         set_rope_parameters(handle.model, rope_type="llama3", factor=float(a.scale),
                             original_max_position_embeddings=int(handle.native_ctx),
                             low_freq_factor=float(a.low_freq_factor), high_freq_factor=float(a.high_freq_factor))

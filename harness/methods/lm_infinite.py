@@ -9,7 +9,9 @@ sets ``limit_distance = local_branch``): a Lambda-shaped mask. A query i attends
   clipped relative distance d* (the pretrained length);
 - nothing else: the middle tokens get exactly zero weight. One softmax over the union, scale 1/sqrt(head_dim).
 The controlled study (LCEG ``eval_perplexity/eval_lm_infinite.py``) uses ``convert_llama_model(model, 4096, 10)``:
-n_local = 4096 = C, n_global = 10. Tiny scaling: n_local = C = 256, n_global = 10 (a count of tokens, not scaled).
+n_local = 4096 = C, n_global = 10. Units: ``n_local`` and ``limit_distance`` are in units of the native window C
+(``n_local: 1`` = C: 4096 on LLaMA2-7B); ``n_global`` is a count of starting tokens (10 on
+every model, as in the original, whose global branch does not scale with the window).
 
 The original's non-Lambda reference path (``detailed_lambda_attention``) differs when limit_distance != n_local
 (it gives logit 0 rather than -inf to n_local <= i-j < limit_distance); this implements the Lambda semantics, the
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, window_tokens
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
@@ -95,20 +97,27 @@ class LMInfinite(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "lm_infinite"
-        n_global: int = 10  # G: starting tokens always attended (LCEG: 10)
-        n_local: int = 0  # M: local window; 0 = the model's native context C (LCEG: 4096 = C of LLaMA2)
-        limit_distance: int = 0  # distance the global tokens are seen at; 0 = n_local (convert_llama_model)
+        n_global: int = 10  # G: starting tokens always attended (LCEG: 10; a token count)
+        n_local: float = 1.0  # M: local window in units of C (LCEG: 4096 = 1 C of LLaMA2)
+        limit_distance: float = 0.0  # x C: distance the global tokens are seen at; 0 = n_local (convert_llama_model)
         block_q: int = 256
         block_k: int = 512
 
+    def check(self, native_ctx: int, train=None) -> tuple[int, int]:
+        """Checks the settings; returns (n_local, limit_distance) in tokens."""
+        a = self.args
+        n_local = window_tokens(a.n_local, native_ctx, "method=lm_infinite: n_local", zero_ok=False)
+        limit = window_tokens(a.limit_distance, native_ctx, "method=lm_infinite: limit_distance") or n_local
+        if n_local < 1 or limit < 1 or a.n_global < 0 or a.block_q < 1 or a.block_k < 1:
+            raise ConfigError(f"method=lm_infinite: need n_local and limit_distance >= 1 token (got {n_local}, "
+                              f"{limit} tokens = {a.n_local:g} C, {a.limit_distance:g} C), n_global >= 0 (got "
+                              f"{a.n_global}), block_q, block_k >= 1")
+        return n_local, limit
+
     def resolved(self, handle) -> tuple[int, int]:
-        n_local = self.args.n_local or handle.native_ctx
-        return n_local, self.args.limit_distance or n_local
+        return self.check(handle.native_ctx)
 
     def apply(self, handle) -> None:
         a = self.args
         n_local, limit = self.resolved(handle)
-        if n_local < 1 or a.n_global < 0 or limit < 1:
-            raise ConfigError(f"method=lm_infinite: need n_local >= 1, n_global >= 0, limit_distance >= 1 "
-                              f"(got {n_local}, {a.n_global}, {limit})")
         bw.install(handle.model, ATTN_NAME, "harness_lm_infinite", (a.n_global, n_local, limit, a.block_q, a.block_k))

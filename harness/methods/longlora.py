@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from harness.config import ConfigError
+from harness.config import ConfigError, check_scale
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
@@ -157,14 +157,24 @@ class LongLoRA(Method):
         super().__init__(args)
         self._attn_before = None
 
-    def apply(self, handle) -> None:
+    def check(self, native_ctx: int, train=None) -> None:
         a = self.args
-        if a.scale < 1:
-            raise ConfigError(f"method=longlora: scale must be >= 1, got {a.scale}")
+        check_scale(a.name, a.scale)
         if not 0 < a.group_size_ratio <= 1:
             raise ConfigError(f"method=longlora: group_size_ratio must be in (0, 1], got {a.group_size_ratio}")
         if a.s2_impl not in ("flash", "roll"):
             raise ConfigError(f"method=longlora: s2_impl must be flash or roll, got {a.s2_impl!r}")
+        if train is not None and train.enabled and train.seq_len > 0:
+            n = train.seq_len
+            group = int(n * a.group_size_ratio)
+            if group < 1 or n % group:
+                raise ConfigError(f"method=longlora: train.seq_len {n} is not a multiple of the S2-Attn group size "
+                                  f"{group} = int(seq_len x group_size_ratio {a.group_size_ratio:g}) "
+                                  f"(valid: group_size_ratio = 1/k with k dividing seq_len)")
+
+    def apply(self, handle) -> None:
+        a = self.args
+        self.check(handle.native_ctx)
         if a.scale > 1:
             set_rope_parameters(handle.model, rope_type="linear", factor=float(a.scale))
         for m in bw.attention_modules(handle.model):

@@ -32,25 +32,35 @@ import torch
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import (default_inv_freq, make_length_dependent, rope_dims, rotary_modules,
-                                  set_rope_parameters)
+from harness.methods.rope import (KV_CACHE_MODES, default_inv_freq, make_length_dependent, rope_dims,
+                                  rotary_modules, set_rope_parameters)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "longrope"
 DEFAULT_FILE = ASSETS / "tiny_llama_256_2048.json"
 REQUIRED_KEYS = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
 
 
-def load_factors(path: str | Path, rotary_half: int, native_ctx: int | None = None) -> dict:
-    """Read and check a LongRoPE factors file (format in the module docstring)."""
+def load_factors(path: str | Path, rotary_half: int | None, native_ctx: int | None = None) -> dict:
+    """Read and check a LongRoPE factors file (format in the module docstring). ``rotary_half`` None: the factor
+    counts are not checked (before the model is loaded)."""
     p = Path(path) if path else DEFAULT_FILE
-    if not p.exists():
-        raise ConfigError(f"LongRoPE factors file not found: {p}")
-    data = json.loads(p.read_text())
+    if not p.is_file():
+        raise ConfigError(f"LongRoPE factors file not found: {p} (method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"LongRoPE factors file {p} is not valid JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"LongRoPE factors file {p} must hold a JSON object with {', '.join(REQUIRED_KEYS)}")
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
         raise ConfigError(f"LongRoPE factors file {p} lacks {missing}")
     for k in ("short_factor", "long_factor"):
-        if len(data[k]) != rotary_half:
+        vals = data[k]
+        if not isinstance(vals, list) or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+                                                 for v in vals):
+            raise ConfigError(f"LongRoPE factors file {p}: {k} must be a list of finite numbers > 0")
+        if rotary_half is not None and len(vals) != rotary_half:
             raise ConfigError(f"LongRoPE factors file {p}: {k} has {len(data[k])} values, the model's rotary "
                               f"dimension needs d/2 = {rotary_half}")
     if native_ctx and int(data["original_max_position_embeddings"]) != int(native_ctx):
@@ -122,8 +132,19 @@ class LongRoPE(Method):
         attention_factor: float = 0.0  # 0 = the file's value, else su: sqrt(1 + ln s / ln C)
         kv_cache: str = "refresh"  # refresh | stale
 
+    def check_data(self, native_ctx: int) -> None:
+        load_factors(self.args.factors, None, native_ctx)
+
+    def check(self, native_ctx: int, train=None) -> None:
+        a = self.args
+        if a.kv_cache not in KV_CACHE_MODES or a.attention_factor < 0 or a.n_hat < -1:
+            raise ConfigError(f"method=longrope: need kv_cache in {KV_CACHE_MODES}, attention_factor >= 0 (0 = the "
+                              f"file's), n_hat >= -1 (-1 = the file's); got {a.kv_cache!r}, {a.attention_factor}, "
+                              f"{a.n_hat}")
+
     def apply(self, handle) -> None:
         a = self.args
+        self.check(handle.native_ctx)
         model = handle.model
         base, dim = rope_dims(model.config)
         f = load_factors(a.factors, dim // 2, handle.native_ctx)

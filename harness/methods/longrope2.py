@@ -67,10 +67,19 @@ class LongRoPE2(Method):
         self.native_ctx = None
         self.calls = 0
 
+    def check(self, native_ctx: int, train=None) -> None:
+        a = self.args
+        if a.short_attention not in ("same", "one") or not 0 <= a.short_fraction <= 1 or a.attention_factor < 0:
+            raise ConfigError(f"method=longrope2: short_attention must be same|one, 0 <= short_fraction <= 1, "
+                              f"attention_factor >= 0; got {a.short_attention!r}, {a.short_fraction}, "
+                              f"{a.attention_factor}")
+
+    def check_data(self, native_ctx: int) -> None:
+        load_factors(self.args.factors, None, native_ctx)
+
     def apply(self, handle) -> None:
         a = self.args
-        if a.short_attention not in ("same", "one") or not 0 <= a.short_fraction <= 1:
-            raise ConfigError("method=longrope2: short_attention must be same|one and 0 <= short_fraction <= 1")
+        self.check(handle.native_ctx)
         model = handle.model
         _, dim = rope_dims(model.config)
         f = load_factors(a.factors, dim // 2, handle.native_ctx)

@@ -15,11 +15,13 @@ carries the current base, as with CLEX's pre-RoPE key cache; see ``rope.CacheRef
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import make_length_dependent, ntk_by_length_parameters, set_rope_parameters
+from harness.methods.rope import (KV_CACHE_MODES, make_length_dependent, ntk_by_length_parameters, ntk_multiplier,
+                                  set_rope_parameters)
 
 
 @METHODS.register("ntk_frozen")
@@ -30,9 +32,19 @@ class NTKFrozen(Method):
         factor: float = 2.0  # s: t = s*L/C - (s-1) (paper / LCEG eval_ntk.py: 2)
         kv_cache: str = "refresh"  # refresh | stale (transformers' behaviour)
 
+    def scale_factor(self, length: int, native_ctx: int) -> float:
+        """The NTK multiplier t for an input of ``length`` tokens (Table 8: 1, 3, 7, 15, 31 at C..16C)."""
+        return ntk_multiplier(self.args.factor, length, native_ctx)
+
+    def check(self, native_ctx: int, train=None) -> None:
+        if not math.isfinite(self.args.factor) or self.args.factor < 1:
+            raise ConfigError(f"method=ntk_frozen: factor (s) must be >= 1, got {self.args.factor}")
+        if self.args.kv_cache not in KV_CACHE_MODES:
+            raise ConfigError(f"method=ntk_frozen: kv_cache must be one of {', '.join(KV_CACHE_MODES)}, "
+                              f"got {self.args.kv_cache!r}")
+
     def apply(self, handle) -> None:
-        if self.args.factor < 1:
-            raise ConfigError(f"method=ntk_frozen: factor must be >= 1, got {self.args.factor}")
+        self.check(handle.native_ctx)
         set_rope_parameters(handle.model, rope_type="ntk_by_length", factor=float(self.args.factor),
                             original_max_position_embeddings=int(handle.native_ctx))
         make_length_dependent(handle.model, ntk_by_length_parameters, self.args.kv_cache)

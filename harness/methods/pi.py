@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import ConfigError
+from harness.config import check_scale
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods.rope import set_rope_parameters
 
@@ -20,7 +20,9 @@ class PI(Method):
         name: str = "pi"
         scale: float = 8.0  # s = L' / L
 
+    def check(self, native_ctx: int, train=None) -> None:
+        check_scale(self.args.name, self.args.scale)
+
     def apply(self, handle) -> None:
-        if self.args.scale < 1:
-            raise ConfigError(f"method=pi: scale must be >= 1, got {self.args.scale}")
+        self.check(handle.native_ctx)
         set_rope_parameters(handle.model, rope_type="linear", factor=float(self.args.scale))

@@ -31,7 +31,24 @@ def rebuild_rotary(model) -> None:
             if type(child).__name__.endswith("RotaryEmbedding") and hasattr(child, "inv_freq"):
                 device = child.inv_freq.device
                 new = type(child)(config=model.config).to(device)
+                check_inv_freq(new.inv_freq, f"rope type {model.config.rope_parameters.get('rope_type')!r}")
                 setattr(parent, child_name, new)
+
+
+def check_inv_freq(inv, where: str) -> None:
+    """A rotary table must be real, finite and positive. Never let a complex or NaN table through: copying a
+    complex tensor into the float ``inv_freq`` buffer silently keeps its real part (a warning, then meaningless
+    logits), which is how an NTK clamp below the native window once produced t = -3 on LLaMA2."""
+    from harness.config import ConfigError
+
+    if not isinstance(inv, torch.Tensor):
+        inv = torch.as_tensor(inv)
+    if inv.is_complex() or not inv.is_floating_point():
+        raise ConfigError(f"{where}: the rotary frequencies are {inv.dtype}, not real (valid: finite, > 0)")
+    if not bool(torch.isfinite(inv).all()) or not bool((inv > 0).all()):
+        bad = inv[~(torch.isfinite(inv) & (inv > 0))]
+        raise ConfigError(f"{where}: {bad.numel()} of {inv.numel()} rotary frequencies are not finite and > 0 "
+                          f"(e.g. {float(bad.flatten()[0]):g}; valid: finite, > 0)")
 
 
 def rotary_modules(model):
@@ -93,6 +110,7 @@ class LengthDependentRope:
 
     def state(self, seq_len: int, device=None):
         inv, att = self.fn(self.module.config, device, seq_len=int(seq_len))
+        check_inv_freq(inv, f"rope type {self.module.config.rope_parameters.get('rope_type')!r} at length {seq_len}")
         return inv, float(att)
 
     def _hook(self, module, args, kwargs):
@@ -224,16 +242,20 @@ def ntk_by_length_parameters(config, device=None, seq_len=None, layer_type=None)
     With min_len = max_len = 0 this is transformers' ``_compute_dynamic_ntk_parameters`` (with C =
     ``original_max_position_embeddings`` instead of ``config.max_position_embeddings``). ``min_len`` is LCEG's
     evaluation clamp (``models/llama_ntk_32k``: the base is frozen at the training-length value for shorter inputs,
-    dynamic beyond); ``max_len`` caps the multiplier (the paper's constant 57 for NTK-64K)."""
+    dynamic beyond); ``max_len`` caps the multiplier (the paper's constant 57 for NTK-64K). Both are in tokens here
+    (the methods convert their multiples of C). A multiplier t < 1 (a cap below C, or s < 1) is refused: t ** (d/(d-2))
+    of a negative t is complex, and the frequencies would be meaningless."""
     rp = config.rope_parameters
     base, dim = rope_dims(config)
     s, c = float(rp["factor"]), int(rp["original_max_position_embeddings"])
-    n = max(int(seq_len) if seq_len is not None else c, c)
-    if rp.get("min_len"):
-        n = max(n, int(rp["min_len"]))
-    if rp.get("max_len"):
-        n = min(n, int(rp["max_len"]))
-    t = s * n / c - (s - 1)
+    n = seq_len if seq_len is not None else c
+    t = ntk_multiplier(s, int(n), c, int(rp.get("min_len") or 0), int(rp.get("max_len") or 0))
+    if not t >= 1:  # also catches NaN
+        from harness.config import ConfigError
+
+        raise ConfigError(f"ntk_by_length: multiplier t = s*l/C - (s-1) = {t:g} < 1 (s = {s:g}, C = {c}, "
+                          f"min_len = {rp.get('min_len')}, max_len = {rp.get('max_len')} tokens; valid: s >= 1 and "
+                          f"min_len, max_len 0 or >= C)")
     return default_inv_freq(base * t ** (dim / (dim - 2)), dim, device), 1.0
 
 

@@ -8,10 +8,12 @@ position m attends to keys n with
 the two logit sets are merged with ``where(neighbour_mask, neighbour, group)`` and go through ONE softmax. Maximum
 length ``(C - W) * G + W``.
 
-Discrepancy kept as a flag: the eager prefill code shifts by ``W - W/G`` (true division), the paper's Eq. 15, the
-decode path and the legacy patch by ``W - W//G`` (floor). Default ``float_shift: false`` = Eq. 15; the two agree
-whenever W % G == 0 (the study's W=1024, G=64 and this harness's defaults). Prefill and decode use the same formula
-here (so the original's prefill/decode mismatch for W % G != 0 does not exist in this implementation).
+Discrepancy kept as a flag: ``Llama.py``'s eager forward (prefill and decode alike) and its flash prefill shift by
+``W - W/G`` (true division); only its flash *decode* path (``flash_self_extend_forward``, q_len == 1), the legacy
+patch and the ``Llama_4_40.py`` eager path use ``W - W//G`` (floor), as does the paper's Eq. 15. Default
+``float_shift: false`` = Eq. 15; the two agree whenever W % G == 0 (the study's W=1024, G=64 and this harness's
+defaults). Prefill and decode use the same formula here, so the original's flash prefill/decode mismatch for
+W % G != 0 does not exist in this implementation.
 
 Implementation: a registered transformers attention function (``AttentionInterface``), so the model stays stock:
 q/k arrive rotated at their true positions; the grouped copies are obtained by re-rotating by the position delta
@@ -22,10 +24,10 @@ never expanded. Padding: 2-D attention masks are honoured (keys masked); group p
 ``scale_base`` log-scaling of queries (the original's default -1 = off) and the flash-attention LSE merge (the
 result is the same as the eager merge up to rounding).
 
-Scaling for tiny_llama (C=256 = LLaMA2's 4096 / 16): W = 1024/16 = 64; G stays 64. Then W % G == 0, the maximum
-length is (256-64)*64+64 = 12352 >= 16C, and at 16C = 4096 tokens the largest grouped position is
-64 + 4032/64 = 127 ~= C/2, the same place the paper's setting lands at 16x (1024 + 63488/64 = 2016 ~= 4096/2),
-which is the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G).
+Units: the neighbour window is in units of the native window C (``window: 0.25`` = C/4: 1024 tokens on LLaMA2-7B,
+the study's W); the group size G is a position divisor (dimensionless), 64 on every model. With W = C/4 and G = 64
+the largest grouped position at 16C is C/4 + 15.75C/64 ~= C/2 on any model (LLaMA2: 1024 + 63488/64 = 2016 ~=
+4096/2), the README's rule of thumb (C/2 .. 2C/3 > W + (N-W)/G), and the maximum length (C-W)*G+W = 48.25 C.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, window_tokens
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
@@ -112,20 +114,30 @@ class SelfExtend(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "self_extend"
-        window: int = 64  # W, neighbour window (LLaMA2 / LCEG: 1024; tiny: 1024/16)
-        group: int = 64  # G, group size (LLaMA2 / LCEG: 64)
+        window: float = 0.25  # W in units of C (LLaMA2 / LCEG: 1024 = C/4)
+        group: int = 64  # G, group size (LLaMA2 / LCEG: 64; a position divisor, the same on every model)
         float_shift: bool = False  # grouped query shift W - W/G (eager prefill code) instead of W - W//G (Eq. 15)
         block_q: int = 256  # query rows per block of the blocked attention
         block_k: int = 512  # keys per score tile
 
+    def check(self, native_ctx: int, train=None) -> int:
+        """Checks the settings; returns the window W in tokens."""
+        a = self.args
+        w = window_tokens(a.window, native_ctx, "method=self_extend: window", zero_ok=False)
+        if not 1 <= w < native_ctx:
+            raise ConfigError(f"method=self_extend: window = {a.window:g} C = {w} tokens; the neighbour window must "
+                              f"be 1 token .. below the native window C = {native_ctx} (valid: "
+                              f"{1 / native_ctx:g} <= window < 1)")
+        if a.group < 1 or a.block_q < 1 or a.block_k < 1:
+            raise ConfigError(f"method=self_extend: group, block_q and block_k must be >= 1, got {a.group}, "
+                              f"{a.block_q}, {a.block_k}")
+        return w
+
     def apply(self, handle) -> None:
         a = self.args
-        if a.window < 1 or a.group < 1:
-            raise ConfigError(f"method=self_extend: window and group must be >= 1, got {a.window}, {a.group}")
-        if handle.native_ctx and a.window >= handle.native_ctx:
-            raise ConfigError(f"method=self_extend: window {a.window} must be below the native context "
-                              f"{handle.native_ctx}")
-        bw.install(handle.model, ATTN_NAME, "harness_self_extend", (a.window, a.group, a.float_shift, a.block_q, a.block_k))
+        w = self.check(handle.native_ctx)
+        bw.install(handle.model, ATTN_NAME, "harness_self_extend", (w, a.group, a.float_shift, a.block_q, a.block_k))
 
     def max_length(self, handle) -> int | None:
-        return (handle.native_ctx - self.args.window) * self.args.group + self.args.window
+        w = self.check(handle.native_ctx)
+        return (handle.native_ctx - w) * self.args.group + w

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import ConfigError
+from harness.config import check_scale
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods.rope import set_rope_parameters
 
@@ -28,10 +28,12 @@ class YaRN(Method):
         beta_slow: float = 1.0  # Mistral: 2
         truncate: bool = True  # floor/ceil the correction range as the original does
 
+    def check(self, native_ctx: int, train=None) -> None:
+        check_scale(self.args.name, self.args.scale)
+
     def apply(self, handle) -> None:
         a = self.args
-        if a.scale < 1:
-            raise ConfigError(f"method=yarn: scale must be >= 1, got {a.scale}")
+        self.check(handle.native_ctx)
         set_rope_parameters(handle.model, rope_type="yarn", factor=float(a.scale),
                             original_max_position_embeddings=int(handle.native_ctx),
                             beta_fast=float(a.beta_fast), beta_slow=float(a.beta_slow), truncate=bool(a.truncate))

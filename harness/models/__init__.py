@@ -85,6 +85,52 @@ def rotary_dim(config) -> int:
     return int(head_dim * prf)
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Free bytes where the model's tensors live: the GPU's free memory, or the host's MemAvailable (None if
+    unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
+    """A lower bound on the memory one input of ``length`` tokens needs beyond the weights: the keys and values of
+    every layer when the evaluator decodes with the KV cache (``generates``), else one layer's keys and values plus
+    two hidden-state tensors."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    per_layer = 2 * kv * hd * length * itemsize
+    if generates:
+        return cfg.num_hidden_layers * per_layer
+    return per_layer + 2 * cfg.hidden_size * length * itemsize
+
+
+def check_fits(handle: ModelHandle, length: int, generates: bool, key: str) -> None:
+    """Refuse, before fine-tuning or evaluating, an evaluation input that cannot fit in the free memory of the
+    device the model is on (the lower bound of :func:`min_bytes`; what is actually needed is more)."""
+    if length <= 0:
+        return
+    p = next(handle.model.parameters())
+    need = min_bytes(handle.model.config, int(length), p.element_size(), generates)
+    free = available_memory(p.device)
+    if free is not None and need > free:
+        what = "the KV cache of every layer" if generates else "one layer's keys and values"
+        raise ConfigError(f"{key}: an input of {length} tokens needs at least {_size(need)} ({what}, {handle.name} "
+                          f"in {p.dtype}) but {_size(free)} is free on {p.device}; use shorter eval lengths")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def build_model(cfg) -> ModelHandle:
     """The one builder: validate the ``model`` config group and load it."""
     name = (cfg or {}).get("name") if not hasattr(cfg, "name") else cfg.name

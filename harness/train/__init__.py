@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.config import ConfigError
+from harness.config import AUTOCAST, ConfigError
+
+SCHEDULES = ("constant_with_warmup", "linear", "cosine")  # after the linear warm-up (harness.train.step.lr_lambda)
 
 
 @dataclass
@@ -62,6 +64,13 @@ class TrainArgs:
         if self.steps() < 1:
             raise ConfigError(f"train={self.name}: {self.tokens} tokens is less than one step of "
                               f"{self.global_batch} x {self.seq_len}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train={self.name}: unknown schedule {self.schedule!r} (valid: {', '.join(SCHEDULES)})")
+        if self.autocast not in AUTOCAST:
+            raise ConfigError(f"train={self.name}: unknown autocast {self.autocast!r} (valid: {', '.join(AUTOCAST)})")
+        if self.warmup_steps < 0 or not self.lr > 0 or self.micro_batch < 1 or self.world_size < 1:
+            raise ConfigError(f"train={self.name}: need warmup_steps >= 0, lr > 0, micro_batch >= 1, world_size >= 1 "
+                              f"(got {self.warmup_steps}, {self.lr}, {self.micro_batch}, {self.world_size})")
         if self.engine not in ("single", "deepspeed"):
             raise ConfigError(f"train={self.name}: unknown engine {self.engine!r} (single | deepspeed)")
         if self.engine == "deepspeed" and self.optimizer not in ("auto", "torch", "deepspeed"):

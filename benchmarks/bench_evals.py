@@ -84,7 +84,7 @@ def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")
             doc_dir = Path(d) / f"doc{L}"  # one document of ~L + 600 tokens: 2 longlora starts (1 kept), yarn cuts it
             doc_dir.mkdir()
             (doc_dir / "d.txt").write_text(_doc_text(tok, L + 600))
-            ctx = EvalContext(Path(d) / f"run{L}", 0, "auto")
+            ctx = EvalContext(Path(d) / f"run{L}", 0, "auto", nll_cache=None)  # no cache: every repeat computes
             evs = {p: Perplexity(Perplexity.Args(dataset=f"dir:{doc_dir}", samples=1, lengths=[L], min_tokens=L,
                                                  protocol=p, max_windows=1)) for p in protocols}
             bos = [tok.bos_token_id] if tok.bos_token_id is not None else []

@@ -84,10 +84,17 @@ def is_frozen(row: dict) -> bool:
     return cfg_t.get("enabled") is False
 
 
+STUDY_ROWS = {"NTK-64K-2B": "ntk_64k_2b"}  # a sweep point's ``study.row`` that names a paper row of its own
+
+
 def method_key(row: dict) -> str:
-    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k."""
+    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k,
+    and NTK-64K on 2x the tokens (``study.row: NTK-64K-2B``) as ntk_64k_2b."""
     m = row.get("method") or "?"
     mp = row.get("method_params") or {}
+    study_row = str(((row.get("config") or {}).get("study") or {}).get("row") or "")
+    if study_row in STUDY_ROWS:
+        return STUDY_ROWS[study_row]
     if m in ("ntk_dynamic", "ntk"):
         v = str(mp.get("variant") or "").lower().replace("-", "_")
         if v in ("ntk_32k", "ntk_64k", "ntk_frozen"):
@@ -164,7 +171,8 @@ class RowSet:
     def __init__(self, rows: list[dict], spec: dict):
         self.spec = spec
         self.failed = [r for r in rows if r.get("status") == "failed"]
-        self.running = [r for r in rows if r.get("status") not in ("ok", "failed")]
+        self.stale = [r for r in rows if r.get("status") == "stale"]  # killed runs (no heartbeat): never results
+        self.running = [r for r in rows if r.get("status") not in ("ok", "failed", "stale")]
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         groups: dict = {}
         for r in ok:
@@ -181,27 +189,46 @@ class RowSet:
         self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
 
     def _label(self):
+        """Short, unique labels: the method's label from ``spec.yaml`` (the base model: its own name), `` (FT)`` for a
+        fine-tuned entry when a frozen entry has the same label, then `` #2``, `` #3`` (by first run time) when
+        configurations still collide. ``legend()`` says what each label stands for."""
         meths = self.spec.get("methods") or {}
         for e in self.entries:
-            e.label = (meths.get(e.method) or {}).get("label") or e.method
-        by = {}
+            e.label = str((meths.get(e.method) or {}).get("label") or e.method).format(model=e.model)
+            e.suffix = ""
+        by: dict = {}
         for e in self.entries:
             by.setdefault((e.model, e.label), []).append(e)
         for group in by.values():
-            if len(group) < 2:
-                continue
-            for field_name in ("train", "data", "protocol", "params"):
-                vals = {getattr(e, field_name) for e in group}
-                if len(vals) > 1:
-                    for e in group:
-                        v = getattr(e, field_name)
-                        if field_name == "params":
-                            v = ",".join(f"{k}={x}" for k, x in sorted(e.method_params.items())) or "default"
-                            e.suffix += f" [{v}]"
-                        else:
-                            e.suffix += f" [{'ppl' if field_name == 'protocol' else field_name}={v}]"
+            if len(group) > 1 and len({e.frozen for e in group}) > 1:
+                for e in group:
+                    if not e.frozen:
+                        e.suffix = " (FT)"
+            sub: dict = {}
             for e in group:
-                e.label += e.suffix
+                sub.setdefault(e.suffix, []).append(e)
+            for same in sub.values():
+                if len(same) > 1:
+                    for i, e in enumerate(sorted(same, key=lambda x: _sort_time(x.rows[-1]))):
+                        if i:
+                            e.suffix += f" #{i + 1}"
+        for e in self.entries:
+            e.label += e.suffix
+
+    def legend(self, entries) -> list[str]:
+        """One line per label: the method, how it was trained, its parameters (file paths shortened)."""
+        out, seen = [], set()
+        for e in entries:
+            if e is None or e.label in seen:
+                continue
+            seen.add(e.label)
+            tr = "frozen" if e.frozen else f"fine-tuned ({e.train}" + (f", {e.train_len} tokens" if e.train_len
+                                                                       else "") + ")"
+            ps = ", ".join(f"{k}={_short(v)}" for k, v in sorted(e.method_params.items())
+                           if k != "name" and not k.endswith("sha256"))
+            name = (e.newest.get("method") or e.method)
+            out.append(f"{e.label} = {name}, {tr}" + (f"; {ps}" if ps else ""))
+        return out
 
     def models(self) -> list[str]:
         return sorted({e.model for e in self.entries})
@@ -253,9 +280,23 @@ class RowSet:
             ids = ", ".join(sorted(str(r.get("run_id")) for r in self.failed)[:6])
             more = "" if len(self.failed) <= 6 else f" and {len(self.failed) - 6} more"
             notes.append(f"{len(self.failed)} failed run(s) ignored: {ids}{more}.")
+        if self.stale:
+            ids = ", ".join(sorted(str(r.get("run_id")) for r in self.stale)[:6])
+            notes.append(f"{len(self.stale)} stale run(s) (killed: no heartbeat) ignored: {ids}.")
         if self.running:
             notes.append(f"{len(self.running)} unfinished run(s) (status running) ignored.")
         return notes
+
+
+def _short(v) -> str:
+    """A parameter value for a legend: file paths by their name, floats without trailing zeros."""
+    if isinstance(v, str) and "/" in v:
+        return Path(v).name
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)) and len(v) > 4:
+        return f"[{len(v)} values]"
+    return str(v)
 
 
 def at_factor(series: dict | None, native: int | None, factor: float):

@@ -176,9 +176,33 @@ def at(rs: RowSet, e: Entry, source: str, factor: float, reader=None) -> Est | N
         return x
 
     p = rs.pick(e, source, get)
-    if p.value is not None:
-        p.value.run_id = (p.row or {}).get("run_id")
-    return p.value
+    x = p.value
+    if x is not None:
+        x.run_id = (p.row or {}).get("run_id")
+        if x.ci is None and x.value is not None and reader is None:
+            _from_records(rs, p, source, x)
+    return x
+
+
+JSONL = {"passkey": ("passkey", None), "niah": ("niah", None), "ruler": ("ruler", "task")}
+
+
+def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
+    """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
+    records (``samples/<entry>.jsonl``, ``harness.tables.bootstrap``), when they reproduce the row's number."""
+    from harness.tables import bootstrap as bs
+
+    if source not in JSONL or not x.keys:
+        return
+    ev, group = JSONL[source]
+    sspec = (rs.spec.get("samples") or {}).get(ev)
+    if not sspec:
+        return
+    bsp = rs.spec.get("bootstrap") or {}
+    ci = bs.interval_for(p.row, [p.entry_key, ev], sspec["score"], {sspec["length"]: x.keys[0]},
+                         sspec.get(group) if group else None, x.value, bsp.get("resamples", 1000), bsp.get("seed", 0))
+    if ci is not None:
+        x.lo, x.hi, x.note = ci[0], ci[1], ""
 
 
 def lengths_of(rs: RowSet, e: Entry, source: str, metric: str) -> list[float]:

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run test test-slow bench tables tiny-model clean
+.PHONY: help setup run test test-slow bench tables findings study tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,12 @@ bench: setup ## speed/memory benchmarks -> results/bench.json
 
 tables: setup ## regenerate the paper's tables and figures from results/runs/
 	$(PY) scripts/make_tables.py
+
+findings: setup ## results/findings.md: the paper's 12 findings tested on results/runs/ (coded verdict rule)
+	$(PY) scripts/make_findings.py
+
+study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS=... for overrides
+	$(PY) scripts/study.py $(ARGS)
 
 TINY := harness/assets/tiny_llama
 tiny-model: setup ## re-pretrain the shipped tiny_llama: 5 stages, ~90 min on 2 cores (see its model card)

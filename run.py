@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
     tracker = tracking.start(cfg, row)
     try:
         method, train = pipeline.validate(cfg)                                    # 0. every group, fail fast
-        handle = pipeline.load_and_extend(cfg, method)                            # 1. model + method
+        handle = pipeline.load_and_extend(cfg, method, train)                     # 1. model + method
         row["train_info"] = pipeline.finetune(cfg, handle, method, train, row,    # 2. fine-tune (or frozen)
                                               progress=report.TrainProgress())
         row["method_params"] = method.params()

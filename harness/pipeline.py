@@ -47,12 +47,19 @@ def validate(cfg):
     return method, train
 
 
-def load_and_extend(cfg, method):
-    """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method."""
+def load_and_extend(cfg, method, train: TrainArgs | None = None):
+    """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method. Before a
+    fine-tuning run the base model is measured inside its window first (``harness.evals.convergence``), so that the
+    fine-tuned row can be compared with it on the same documents and prompts."""
     handle = build_model(cfg.model)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
+    if train is not None and train.enabled and train.convergence_check:
+        from harness.evals import convergence
+
+        handle.info["baseline_at_C"] = convergence.measure(handle, seed=int(cfg.seed),
+                                                           autocast=str(cfg.get("autocast", "auto")))
     method.apply(handle)
     return handle
 
@@ -72,6 +79,11 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
+        from harness.evals import convergence
+
+        tuned = convergence.measure(handle, method, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+        info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
     out = Path(row["run_dir"]) / "checkpoint"
     handle.model.save_pretrained(out)
     handle.tokenizer.save_pretrained(out)

@@ -21,26 +21,38 @@ def _run(args, tmp_path, timeout=900):
 
 
 def test_shipped_tiny_model_card_reports_its_gate_honestly():
-    """The card's verdict must follow from the measured numbers (gate: passkey >= 0.9 at <= C, <= 0.2 at 4C)."""
+    """The card's verdict follows from the measured numbers in gate.json (each check's rule applied to its value)."""
     d = ROOT / "harness" / "assets" / "tiny_llama"
     assert (d / "model.safetensors").stat().st_size < 25 * 2**20
     gate = json.loads((d / "gate.json").read_text())
-    acc = {int(k): v for k, v in gate["passkey"].items()}
-    passed = all(acc[L] >= 0.9 for L in acc if L <= 256) and acc[1024] <= 0.2
-    assert gate["passed"] == passed
+    for c in gate["checks"]:
+        op, thr = c["rule"].split()
+        ok = c["value"] is not None and (c["value"] >= float(thr) if op == ">=" else c["value"] <= float(thr))
+        assert c["passed"] == ok, c
+    assert gate["passed"] == all(c["passed"] for c in gate["checks"])
     card = (d / "README.md").read_text()
-    assert ("**passed**" in card) == passed and ("NOT passed" in card) == (not passed)
+    assert ("Gate: **passed**" in card) == gate["passed"] and ("NOT passed" in card) == (not gate["passed"])
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == gate["native_ctx"]
 
 
-def test_shipped_tiny_model_retrieves_within_its_window_and_not_beyond():
-    """The shipped weights do what the card says, re-measured here on fresh prompts (other seed than the card's):
-    plain-RoPE passkey retrieval works at C and collapses at 4C, the failure the extension methods exist to fix."""
-    from harness.evals.passkey import passkey_accuracy
+def test_shipped_tiny_model_gate_holds_on_fresh_prompts():
+    """The gate re-measured on prompts the card did not use (another seed, fewer samples): every check the card
+    reports as passed must stay consistent with its rule, i.e. the rule's threshold lies inside or on the right side
+    of the fresh 95% interval (a small re-measurement cannot be held to the point estimate)."""
+    from harness.evals.gate import measure_gate
     from harness.models import load_model
 
-    handle = load_model("tiny_llama")
-    assert passkey_accuracy(handle.model, handle.tokenizer, 256, n_samples=20, seed=7) >= 0.8
-    assert passkey_accuracy(handle.model, handle.tokenizer, 1024, n_samples=10, seed=7) <= 0.2
+    card = json.loads((ROOT / "harness" / "assets" / "tiny_llama" / "gate.json").read_text())
+    g = measure_gate(load_model("tiny_llama"), seed=7, passkey_n=20, ruler_n=12, ppl_docs=4)
+    fresh = {c["check"]: c for c in g["checks"]}
+    for c in card["checks"]:
+        if not c["passed"]:
+            continue  # a check the card reports as failed is not re-asserted
+        f = fresh[c["check"]]
+        op, thr = c["rule"].split()
+        assert f["ci"] is not None, f
+        assert (f["ci"][1] >= float(thr)) if op == ">=" else (f["ci"][0] <= float(thr)), f
 
 
 def test_e2e_pi_finetune_then_evaluate(tmp_path):
@@ -50,10 +62,13 @@ def test_e2e_pi_finetune_then_evaluate(tmp_path):
     (row,) = read_rows(tmp_path / "res")
     assert row["status"] == "ok" and row["model"] == "tiny_llama" and row["method"] == "pi"
     ti = row["train_info"]
-    assert ti["tokens_seen"] == 24576 and ti["seq_len"] == 2048 and ti["ema"] is True
+    assert ti["tokens_seen"] == 24576 and ti["seq_len"] == 4096 and ti["ema"] is True
     assert ti["effective_global_batch"] == 2
     assert row["method_params"] == {"name": "pi", "scale": 8.0}
-    for L in ("256", "512", "1024"):
+    conv = ti["convergence"]  # 3 steps of PI: recorded, and (honestly) not converged
+    assert conv["length"] == 512 and conv["passkey"]["n"] == 50 and conv["converged"] is False
+    assert conv["ppl_ratio_vs_base"]["documents"] == 8
+    for L in ("512", "1024", "2048"):
         assert 0.0 <= row["metrics"]["passkey"]["accuracy"][L] <= 1.0
         assert row["metrics"]["ppl_books"]["ppl"][L] > 1.0
     ck = ti["checkpoint"]
@@ -71,9 +86,9 @@ def test_frozen_base_quick_suite(tmp_path):
     (row,) = read_rows(tmp_path / "res")
     assert row["train_info"] is None and row["status"] == "ok"
     acc = row["metrics"]["passkey"]["accuracy"]
-    assert set(acc) == {"256", "512", "1024"} and all(0.0 <= v <= 1.0 for v in acc.values())
+    assert set(acc) == {"512", "1024", "2048"} and all(0.0 <= v <= 1.0 for v in acc.values())
     ppl = row["metrics"]["ppl_books"]["ppl"]
-    assert ppl["1024"] > ppl["256"]  # plain RoPE degrades beyond its window C=256
+    assert ppl["2048"] > ppl["512"]  # plain RoPE degrades beyond its window C=512
 
 
 @pytest.mark.slow

@@ -248,7 +248,231 @@ def _cued(rng, filler: FillerFactory, budget: int, count: Counter, distract_p: f
     return sep.join(([intro] if intro else []) + body + [q]) + " " + v
 
 
-KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat, "cued": _cued}
+# --- graded retrieval (RULER's multi-key / multi-value / variable-tracking families, never their templates) --------
+LOOKUP_NOUNS = ["code", "number", "id", "value", "tag", "label", "key", "digits", "word", "entry", "figure",
+                "reading", "score", "mark", "secret", "count"]
+LOOKUP_STATEMENTS = [
+    "The {n} for {k} is {v}.", "{k}'s {n}: {v}", "entry {k} -> {v}", "{k} has {n} {v}.", "For {k}, the {n} is {v}.",
+    "{n} of {k} = {v}", "[{k}] {n}: {v}", "Record: {k}, {n} {v}.", "We noted that the {n} of {k} is {v}.",
+    "{k} -- {n} {v}", "({k}) {n} {v}", "Among the notes: {k} carries the {n} {v}.", "{k}: {v}",
+]
+LOOKUP_QUESTIONS = [
+    "What is the {n} for {k}?", "Which {n} belongs to {k}?", "Look up {k}.", "Give the {n} of {k}.",
+    "{k}: which {n} was written above?", "Find {k} in the notes above and report its {n}.", "Query: {k}",
+    "What {n} did the text give for {k}?", "Tell me the {n} stored for {k}.",
+]
+LOOKUP_ANSWER_PREFIXES = [  # generic endings: the key is named earlier in the prefix, or only in the question
+    "Answer:", "It is", "The {n} for {k} given in the notes above is", "The answer is",
+    "The {n} that belongs to {k} in the text is", "Result:", "The {n} is", "The {n} for {k} mentioned above is",
+    "According to the notes, the {n} of {k} written there is", "Found it. The {n} is", "The value we need is",
+]
+LOOKUP_ANSWER_ADJACENT = ["The {n} for {k} is", "{k} ->", "{k}:", "{n} of {k} ="]  # key right before the value
+CHAIN_ASSIGN = ["{a} = {v}", "let {a} = {v}", "{a} := {v}", "set {a} to {v}", "{a} <- {v}", "{a} equals {v}",
+                "assign {v} to {a}", "{a} is {v}", "{a} takes {v}", "put {v} into {a}"]
+CHAIN_QUESTIONS = ["Which names hold the value {v}?", "Find every variable equal to {v}.",
+                   "List all names that end up with {v}.", "Track {v}: which variables carry it?",
+                   "Which of the names above are {v}?"]
+CHAIN_ANSWER_PREFIXES = ["They are:", "Answer:", "The names are", "Variables:", "These hold {v}:", "In order:"]
+LIST_SEPARATORS = [", ", " ", " and ", "; ", ",", " | ", "\n"]
+
+
+def _pseudo(rng: random.Random, lo: int = 2, hi: int = 3) -> str:
+    cons, vows = "bcdfghjklmnprstvwz", "aeiou"
+    return "".join(rng.choice(cons) + rng.choice(vows) for _ in range(rng.randint(lo, hi)))
+
+
+def _plural(noun: str) -> str:
+    return noun if noun.endswith("s") else noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+
+
+def _key(rng: random.Random, style: int) -> str:
+    """A lookup key in one of several styles (one style per document)."""
+    if style == 0:
+        return f"{rng.choice(ADJS)}-{rng.choice(NOUNS)}"
+    if style == 1:
+        return _pseudo(rng)
+    if style == 2:
+        return _cap(_pseudo(rng)) + " " + _cap(_pseudo(rng, 1, 2))
+    if style == 3:
+        return str(rng.randint(100, 999999))
+    if style == 4:
+        return "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(4, 8)))
+    return f"{rng.choice(NOUNS)} {rng.randint(1, 99)}"
+
+
+def _lookup_value(rng: random.Random, style: int) -> str:
+    if style == 0:
+        return str(rng.randint(10, 10 ** rng.randint(3, 7) - 1))
+    if style == 1:
+        return f"{rng.choice(ADJS)}-{rng.choice(NOUNS)}"
+    if style == 2:
+        return "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(4, 10)))
+    return _pseudo(rng)
+
+
+def _distinct(rng: random.Random, n: int, draw) -> list[str]:
+    out: list[str] = []
+    for _ in range(50 * n):
+        if len(out) == n:
+            break
+        x = draw()
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def _fill_around(rng, filler: FillerFactory, room: int, count: Counter, lines: list[str]) -> list[str]:
+    """Filler pieces up to ``room`` tokens with ``lines`` inserted at random positions, in their order."""
+    body, used = [], 0
+    for p in filler.pieces(rng, 400) if room > 0 else []:
+        c = count(p) + 1
+        if used + c > room:
+            break
+        body.append(p)
+        used += c
+    slots = sorted(rng.randint(0, len(body)) for _ in lines)
+    for j, (slot, line) in enumerate(zip(slots, lines)):
+        body.insert(slot + j, line)
+    return body
+
+
+def _lookup(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """Multi-key retrieval: 2-7 statements of one pattern that differ only in their key and value, among filler;
+    then 1-3 questions, each naming one key, answered by that key's value. The answer prefix may or may not repeat
+    the key, so the value must be found by matching the key named in the question, not the words just before it."""
+    n_keys = rng.randint(2, 7)
+    ks, vs = rng.randrange(6), rng.randrange(4)
+    keys = _distinct(rng, n_keys, lambda: _key(rng, ks))
+    vals = [_lookup_value(rng, vs) for _ in keys]
+    noun = rng.choice(LOOKUP_NOUNS)
+    stmt = rng.choice(LOOKUP_STATEMENTS)
+    lines = [stmt.format(n=noun, k=k, v=v) for k, v in zip(keys, vals)]
+    rng.shuffle(lines)
+    sep = rng.choice(SEPARATORS)
+    asked = rng.sample(range(len(keys)), rng.randint(1, min(3, len(keys))))
+    qa = []
+    for i in asked:
+        q = rng.choice(LOOKUP_QUESTIONS).format(n=noun, k=keys[i])
+        prefixes = LOOKUP_ANSWER_PREFIXES if rng.random() < 0.75 else LOOKUP_ANSWER_ADJACENT
+        a = rng.choice(prefixes).format(n=noun, k=keys[i])
+        qa.append(f"{q}{rng.choice([' ', chr(10)])}{a} {vals[i]}")
+    intro = rng.choice(INTROS)
+    room = budget - count(sep.join([intro] + lines + qa)) - 3
+    body = _fill_around(rng, filler, room, count, lines)
+    return sep.join(([intro] if intro else []) + body + qa)
+
+
+def _multivalue(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """Multi-value retrieval: one key stated with 2-4 values at separate places (plus 0-2 distractor keys with their
+    own values); the question asks for every value of the key, answered in order of appearance."""
+    ks, vs = rng.randrange(6), rng.randrange(4)
+    keys = _distinct(rng, 1 + rng.randint(0, 2), lambda: _key(rng, ks))
+    noun = rng.choice(LOOKUP_NOUNS)
+    stmt = rng.choice(["One {n} of {k} is {v}.", "{k} also has {n} {v}.", "A {n} for {k}: {v}",
+                       "{k} -> {v}", "Another {n} of {k} is {v}.", "{k} {n} {v}", "[{k}] {v}"])
+    entries = []
+    for j, k in enumerate(keys):
+        for _ in range(rng.randint(2, 4) if j == 0 else rng.randint(1, 2)):
+            entries.append((k, _lookup_value(rng, vs)))
+    rng.shuffle(entries)
+    lines = [stmt.format(n=noun, k=k, v=v) for k, v in entries]
+    target = keys[0]
+    answer = rng.choice(LIST_SEPARATORS).join(v for k, v in entries if k == target)
+    q = rng.choice(["List every {n} of {k}.", "What are all the {ns} given for {k}?", "Collect the {ns} of {k}.",
+                    "Which {ns} belong to {k}?"]).format(n=noun, ns=_plural(noun), k=target)
+    a = rng.choice(["The {ns} of {k} are", "Answer:", "They are", "{k}:", "All of them:"]).format(
+        ns=_plural(noun), k=target)
+    sep = rng.choice(SEPARATORS)
+    tail = f"{q}{rng.choice([' ', chr(10)])}{a} {answer}"
+    room = budget - count(sep.join(lines + [tail])) - 3
+    body = _fill_around(rng, filler, room, count, lines)
+    return sep.join(body + [tail])
+
+
+def _var_name(rng: random.Random, style: int) -> str:
+    if style == 0:
+        return "".join(rng.choice(string.ascii_uppercase) for _ in range(rng.randint(3, 6)))
+    if style == 1:
+        return _pseudo(rng)
+    if style == 2:
+        return f"{rng.choice(NOUNS)}_{rng.randint(1, 99)}"
+    return rng.choice(string.ascii_lowercase) + str(rng.randint(0, 999))
+
+
+def _chain(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """Variable tracking: 1-2 chains of assignments (a value, then names assigned from the previous name) in one of
+    several syntaxes, spread through filler; the question asks which names hold the first chain's value, answered
+    by the chain's names in order; sometimes instead the value of the chain's last name."""
+    style = rng.randrange(4)
+    syntax = rng.choice(CHAIN_ASSIGN)
+    n_chains, hops = rng.choice([1, 1, 2]), rng.randint(1, 5)
+    names = _distinct(rng, n_chains * (hops + 1), lambda: _var_name(rng, style))
+    if len(names) < n_chains * (hops + 1):
+        n_chains, hops = 1, len(names) - 1
+    chains, values = [], []
+    for c in range(n_chains):
+        vs = names[c * (hops + 1) : (c + 1) * (hops + 1)]
+        v = str(rng.randint(10, 10 ** rng.randint(2, 6) - 1))
+        values.append(v)
+        chains.append([syntax.format(a=vs[0], v=v)] + [syntax.format(a=vs[j + 1], v=vs[j]) for j in range(hops)])
+    # interleave the chains, each keeping its own order
+    lines, idx = [], [0] * n_chains
+    while any(idx[c] < len(chains[c]) for c in range(n_chains)):
+        c = rng.choice([c for c in range(n_chains) if idx[c] < len(chains[c])])
+        lines.append(chains[c][idx[c]])
+        idx[c] += 1
+    first = names[: hops + 1]
+    if rng.random() < 0.75:
+        q = rng.choice(CHAIN_QUESTIONS).format(v=values[0])
+        a = rng.choice(CHAIN_ANSWER_PREFIXES).format(v=values[0])
+        joiner = " " if rng.random() < 0.5 else rng.choice(LIST_SEPARATORS)
+        tail = f"{q}{rng.choice([' ', chr(10)])}{a} {joiner.join(first)}"
+    else:
+        tail = rng.choice(["What is the value of {x}?", "{x} = ?", "Evaluate {x}."]).format(x=first[-1]) + \
+            rng.choice([" It is", "\nAnswer:", " ->", " Value:"]) + f" {values[0]}"
+    sep = rng.choice(["\n", " ", "\n", "; ", " | "])
+    room = budget - count(sep.join(lines + [tail])) - 3
+    body = _fill_around(rng, filler, room, count, lines)
+    return sep.join(body + [tail])
+
+
+def _one_shot(kind):
+    """A document of ``kind`` preceded, sometimes, by a short solved example of the same kind (other names,
+    values and wording): the format of a one-shot prompt, where the example's answer must not be copied."""
+    def make(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+        if budget < 160 or rng.random() < 0.6:
+            return kind(rng, filler, budget, count)
+        shot = kind(rng, filler, rng.randint(40, budget // 3), count)
+        rest = budget - count(shot) - 2
+        return shot + rng.choice(["\n\n", "\n", " ", "\n---\n"]) + kind(rng, filler, rest, count)
+    return make
+
+
+def _entities(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """A long-range dependency document: 2-6 entities are introduced with an attribute near the start; the rest is
+    filler in which the entities come back, each time with their attribute, so every later mention is predictable
+    only from the introduction (far back in a long document, beyond a short window)."""
+    ks = rng.randrange(3)
+    names = _distinct(rng, rng.randint(2, 6), lambda: _key(rng, [1, 2, 5][ks]))
+    attrs = [_lookup_value(rng, rng.randrange(4)) for _ in names]
+    intro_fmt = rng.choice(["{k} ({v})", "{K} is known as {v}.", "{k}: {v}", "Meet {k}, whose mark is {v}.",
+                            "{k} = {v}"])
+    back_fmt = rng.choice(["Later {k} ({v}) returned.", "{K} again, mark {v}.", "{k}: {v}", "Once more {k} = {v}.",
+                           "and {k}, that is {v},"])
+    sep = rng.choice(SEPARATORS)
+    intro = [intro_fmt.format(k=k, K=_cap(k), v=v) for k, v in zip(names, attrs)]
+    mentions = [back_fmt.format(k=k, K=_cap(k), v=v) for k, v in
+                (rng.choice(list(zip(names, attrs))) for _ in range(rng.randint(2, 8)))]
+    head = sep.join(intro)
+    room = budget - count(head) - sum(count(m) + 1 for m in mentions) - 3
+    body = _fill_around(rng, filler, room, count, mentions)
+    # the mentions come after a stretch of filler: move the first filler block ahead of them
+    return head + sep + sep.join(body)
+
+
+KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat, "cued": _cued,
+         "lookup": _one_shot(_lookup), "multivalue": _one_shot(_multivalue), "chain": _one_shot(_chain),
+         "entities": _entities}
 KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}  # ``cued``: pretraining stages only
 
 

@@ -438,13 +438,14 @@ class RulerGenerator:
     def __init__(self, tokenizer, seed: int = 42, model_template: str = "base", essay_dir: str = "",
                  squad_path: str = "", hotpotqa_path: str = "", tokens_to_generate: dict | None = None,
                  small_threshold: int = 4096, vt_icl_length: int = 500, essay_increment: int = 500,
-                 remove_newline_tab: bool = False):
+                 remove_newline_tab: bool = False, vt_increment: int = 10):
         self.tok, self.seed = tokenizer, seed
         self.model_template = RULER_MODEL_TEMPLATES.get(model_template, model_template)
         self.essay_dir, self.paths = essay_dir, {"squad": squad_path, "hotpotqa": hotpotqa_path}
         self.ttg_override = dict(tokens_to_generate or {})
         self.small_threshold, self.vt_icl_length = small_threshold, vt_icl_length
         self.essay_increment = essay_increment
+        self.vt_increment = vt_increment  # noise lines per length-search step (RULER: 10)
         self.remove_newline_tab = remove_newline_tab
         self._haystack: Haystack | None = None
         self._qa: dict = {}
@@ -525,7 +526,7 @@ class RulerGenerator:
                 cut = text.index(RULER_TASKS["variable_tracking"]["template"][:20])
                 return text[:cut] + " " + icl + "\n\n" + text[cut:], ans
 
-            return build, 10, None
+            return build, self.vt_increment, None
         if kind == "common_words_extraction":
             words = cwe_words(L // 2, self.seed)
             return (lambda n: cwe_input(rng(), n, tmpl, cfg, self.seed, L, words, self.small_threshold)), 10, \

@@ -16,7 +16,8 @@ Departures, as flags: ``max_new_tokens`` > 0 caps decoding below ``tokens_to_gen
 budget still reserves ``tokens_to_generate``); ``tokens_to_generate`` overrides the per-task budgets (the tiny
 suite uses smaller ones so that more tasks fit its short windows); ``small_threshold`` moves RULER's fixed 4096
 switch between the small and large cwe / repeat-haystack settings; ``essay_increment`` (RULER: 500 words) and
-``vt_icl_length`` (RULER: 500 tokens) scale the length search and the vt example to miniature windows.
+``vt_icl_length`` (RULER: 500 tokens) and ``vt_increment`` (RULER: 10 noise lines) scale the length search and the vt
+example to miniature windows.
 Decoding stops at EOS (RULER's HF wrapper generates the full budget; the scores are substring matches, so this
 only saves time). The samples of one task and length are decoded in lexicographic order of their prompts
 (``reuse_order``), each reusing the KV cache of the head it shares with the previous one (``reuse_prefix``); the row
@@ -48,6 +49,7 @@ class Ruler:
         small_threshold: int = 4096
         essay_increment: int = 500
         vt_icl_length: int = 500
+        vt_increment: int = 10  # noise lines added per step of vt's length search (RULER: 10)
         essay_dir: str = ""  # Paul Graham essays (*.txt or PaulGrahamEssays.json); else Shakespeare test split
         squad_path: str = ""  # dev-v2.0.json
         hotpotqa_path: str = ""  # hotpot_dev_distractor_v1.json
@@ -68,6 +70,7 @@ class Ruler:
                               squad_path=a.squad_path, hotpotqa_path=a.hotpotqa_path,
                               tokens_to_generate=a.tokens_to_generate, small_threshold=a.small_threshold,
                               vt_icl_length=a.vt_icl_length, essay_increment=a.essay_increment,
+                              vt_increment=a.vt_increment,
                               remove_newline_tab=a.remove_newline_tab)
 
     def run(self, handle, method, ctx) -> dict:

@@ -38,6 +38,7 @@ class TrainArgs:
     doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
     save_every: int = 50  # steps between resumable checkpoints (0 = only at the end)
     max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
+    convergence_check: bool = True  # measure base and fine-tuned model inside C (harness.evals.convergence)
     log_every: int = 5
     seed: int = 0
 

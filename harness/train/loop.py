@@ -77,8 +77,12 @@ def latest_checkpoint(ckpt_dir: Path, fingerprint: str) -> Path | None:
 
 
 def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, fingerprint: str,
-             progress=None) -> dict:
-    """Fine-tune ``handle.model`` in place on ``chunks``; returns what was actually done (for the results row)."""
+             progress=None, on_step=None) -> dict:
+    """Fine-tune ``handle.model`` in place on ``chunks``; returns what was actually done (for the results row).
+
+    ``on_step(step, model, ema)``, if given, is called after every optimizer step (learning curves evaluate the
+    EMA weights at chosen steps through it, ``scripts/recipe_curves.py``); it must leave the weights as it found
+    them."""
     model = handle.model
     torch.manual_seed(a.seed)
     method.train_mode(handle)
@@ -126,6 +130,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         losses.append(loss)
         if progress:
             progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0))
+        if on_step:
+            on_step(step + 1, model, ema)
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
             save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1), "losses": losses})
     wall = time.time() - t0

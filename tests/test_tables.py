@@ -381,3 +381,16 @@ def test_make_tables_script(study, tmp_path):
                         "--tables", str(tmp_path / "t"), "--no-figures"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "t" / "table1_tiny_llama.md").exists() and (tmp_path / "t" / "table3_tiny_llama.tex").exists()
+
+
+def test_unconverged_rows_left_out_with_a_footnote(tmp_path):
+    ok = make_row(tmp_path, "c1-pi", "pi", suites=("ppl", "passkey"))
+    bad = make_row(tmp_path, "c2-yarn", "yarn", suites=("ppl", "passkey"))
+    bad["train_info"]["convergence"] = {"converged": False, "rule": "PPL(C) / base PPL(C) <= 1.1 and passkey(C) >= 0.9",
+                                        "ppl_ratio_vs_base": {"value": 1.6, "ci": [1.5, 1.7]},
+                                        "passkey": {"value": 0.0, "n": 50, "ci": [0.0, 0.07]}}
+    ok["train_info"]["convergence"] = {"converged": True}
+    rs = RowSet([ok, bad], load_spec())
+    assert {e.method for e in rs.entries} == {"pi"} and len(rs.unconverged) == 1
+    note = " ".join(rs.footnotes("tiny_llama"))
+    assert "failed the convergence gate" in note and "yarn c2-yarn (PPL ratio at C 1.60 [1.50, 1.70]" in note

@@ -174,6 +174,10 @@ class RowSet:
         self.stale = [r for r in rows if r.get("status") == "stale"]  # killed runs (no heartbeat): never results
         self.running = [r for r in rows if r.get("status") not in ("ok", "failed", "stale")]
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
+        # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
+        # not the method: left out of every table and finding, named in a footnote
+        self.unconverged = [r for r in ok if _converged(r) is False]
+        ok = [r for r in ok if _converged(r) is not False]
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
@@ -280,12 +284,36 @@ class RowSet:
             ids = ", ".join(sorted(str(r.get("run_id")) for r in self.failed)[:6])
             more = "" if len(self.failed) <= 6 else f" and {len(self.failed) - 6} more"
             notes.append(f"{len(self.failed)} failed run(s) ignored: {ids}{more}.")
+        unc = [r for r in self.unconverged if model is None or r.get("model") == model]
+        if unc:
+            rule = ((unc[0].get("train_info") or {}).get("convergence") or {}).get("rule", "")
+            notes.append(f"{len(unc)} fine-tuned row(s) left out, failed the convergence gate ({rule}): " + "; ".join(
+                f"{method_key(r)} {r.get('run_id')} ({_gate_text(r)})" for r in unc) + ".")
         if self.stale:
             ids = ", ".join(sorted(str(r.get("run_id")) for r in self.stale)[:6])
             notes.append(f"{len(self.stale)} stale run(s) (killed: no heartbeat) ignored: {ids}.")
         if self.running:
             notes.append(f"{len(self.running)} unfinished run(s) (status running) ignored.")
         return notes
+
+
+def _converged(row: dict):
+    """The convergence gate's verdict recorded in the row (True / False), None when the row has none."""
+    g = (row.get("train_info") or {}).get("convergence") if isinstance(row.get("train_info"), dict) else None
+    return g.get("converged") if isinstance(g, dict) and isinstance(g.get("converged"), bool) else None
+
+
+def _gate_text(row: dict) -> str:
+    g = row["train_info"]["convergence"]
+    r, pk = g.get("ppl_ratio_vs_base") or {}, g.get("passkey") or {}
+    parts = []
+    if isinstance(r.get("value"), (int, float)):
+        parts.append(f"PPL ratio at C {r['value']:.2f}" + (f" [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
+                                                            if isinstance(r.get("ci"), list) else ""))
+    if isinstance(pk.get("value"), (int, float)):
+        parts.append(f"passkey at C {pk['value']:.2f}" + (f" [{pk['ci'][0]:.2f}, {pk['ci'][1]:.2f}]"
+                                                            if isinstance(pk.get("ci"), (list, tuple)) else ""))
+    return ", ".join(parts) or "no numbers"
 
 
 def _short(v) -> str:

@@ -83,8 +83,8 @@ def niah(m: dict, L) -> Est | None:
 
 
 def ruler_task(m: dict, task: str, L) -> Est | None:
-    v = num(((m.get("tasks") or {}).get(task) or {}).get(str(L)) if isinstance((m.get("tasks") or {}).get(task),
-                                                                              dict) else None)
+    series = (m.get("tasks") or {}).get(task)
+    v = num(series.get(str(L))) if isinstance(series, dict) else None
     if v is None:
         return None
     ps = ((m.get("per_sample") or {}).get(task) or {}).get(str(L)) if isinstance(m.get("per_sample"), dict) else None

@@ -316,25 +316,22 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
     if _needle_missing(ev):
         f.parts = [Part("rank correlation", why=_needle_missing(ev))]
         return f.decide()
-    xs, ys, names, noci = [], [], [], []
+    xs, ys = [], []
     for e in ev.entries:
         if (ev.rs.spec.get("methods") or {}).get(e.method, {}).get("attention", "exact") != "exact":
             continue
-        p = ev.at(e, "ppl_pg19", TRAIN_F)
+        p = est.at(ev.rs, e, "ppl_pg19", TRAIN_F)
         n = ev.needle(e)
         if p is None or n is None or p.value is None or n.value is None or not math.isfinite(p.value):
             continue
+        ev._use(e, p)
         xs.append(p.value)
         ys.append(n.value)
-        names.append(e.label)
     ci = stats.spearman_interval(xs, ys) if len(xs) >= 5 else None
     why = "" if ci else (f"no rows: {len(xs)} exact-attention configurations with PPL at 8C and Needle (need 5)"
                          if len(xs) < 5 else "no interval: constant ranks")
     f.parts = [Part(f"Spearman(PPL 8C, Needle), n = {len(xs)}", ci, -1, 0.0, why)]
-    f.decide()
-    if noci:
-        f.reason += "; " + ", ".join(noci)
-    return f
+    return f.decide()
 
 
 def f_e(ev: Evidence, paper: Paper) -> Finding:

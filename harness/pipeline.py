@@ -47,10 +47,11 @@ def validate(cfg):
     return method, train
 
 
-def load_and_extend(cfg, method, train: TrainArgs | None = None):
+def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None):
     """Model + method: load the base (or a fine-tuned checkpoint) and apply the extension method. Before a
     fine-tuning run the base model is measured inside its window first (``harness.evals.convergence``), so that the
-    fine-tuned row can be compared with it on the same documents and prompts."""
+    fine-tuned row can be compared with it on the same documents and prompts. ``before_extend(handle)`` lets a
+    caller measure the base model too (learning curves)."""
     handle = build_model(cfg.model)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
@@ -60,6 +61,8 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None):
 
         handle.info["baseline_at_C"] = convergence.measure(handle, seed=int(cfg.seed),
                                                            autocast=str(cfg.get("autocast", "auto")))
+    if before_extend is not None:
+        before_extend(handle)
     method.apply(handle)
     return handle
 

@@ -69,7 +69,7 @@ def train_tokenizer(texts, vocab_size: int, out: Path):
 
 
 def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq: int = 256,
-                    long_share: float = 0.0) -> np.ndarray:
+                    long_share: float = 0.0, max_doc: int = 0) -> np.ndarray:
     rng = random.Random(seed)
     plays = [d.text for d in sources.shakespeare("train")]
     code = [d.text for d in sources.python_stdlib("train")]
@@ -88,9 +88,10 @@ def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq
             text = rng.choices(natural, weights)[0]
             start = rng.randrange(max(1, len(text) - 6 * seq))
             ids = [bos] + tok(text[start : start + 6 * seq], add_special_tokens=False).input_ids
+        no_fit = False
         while len(ids) < seq:
             remaining = seq - len(ids)
-            if remaining < 24 or rng.random() < natural_share:
+            if remaining < 24 or no_fit or rng.random() < natural_share:
                 text = rng.choices(natural, weights)[0]
                 n = remaining if rng.random() < 0.5 else rng.randint(min(24, remaining), remaining)
                 start = rng.randrange(max(1, len(text) - 6 * n))
@@ -98,12 +99,15 @@ def build_sequences(tok, n_seq: int, seed: int, natural_share: float = 0.45, seq
                 ids += ([bos] + body)[:n]
                 continue
             budget = remaining - 3 if rng.random() < 0.5 else rng.randint(20, remaining - 3)
+            if max_doc:  # short synthetic documents (little filler): a curriculum stage
+                budget = min(budget, rng.randint(40, max_doc))
             for _ in range(20):
                 doc = tok(synthetic_document(rng, filler, budget, count), add_special_tokens=False).input_ids
                 if len(doc) + 2 <= remaining:
                     break
                 budget = int(budget * 0.85)
-            else:
+            else:  # no synthetic document fits the rest of the window: fill it with natural text
+                no_fit = True
                 continue
             ids += [bos] + doc + [eos]
         out[s] = ids[:seq]
@@ -173,7 +177,8 @@ def pretrain(args):
     if data_file.exists():  # resuming: the stage's sequences are a pure function of its arguments
         data = np.load(data_file)
     else:
-        data = build_sequences(tok, n_seq, data_seed, args.natural_share, args.seq_len, args.long_share)
+        data = build_sequences(tok, n_seq, data_seed, args.natural_share, args.seq_len, args.long_share,
+                               args.max_doc_tokens)
         np.save(data_file, data)
     print(f"data: {n_seq} x {args.seq_len} tokens ({time.time() - t0:.0f}s)", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -236,7 +241,7 @@ def pretrain(args):
     data_file.unlink(missing_ok=True)
     stats = {
         "stages": (previous.get("stages") or [previous]) + [None] if previous else [None],
-        "natural_share": args.natural_share, "long_share": args.long_share, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
+        "natural_share": args.natural_share, "long_share": args.long_share, "max_doc_tokens": args.max_doc_tokens, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
         "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "tokens": args.steps * args.batch * args.seq_len,
         "lr": args.lr, "warmup": args.warmup, "schedule": args.schedule, "seed": args.seed, "rope_theta": args.rope_theta,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
@@ -314,7 +319,8 @@ def write_card(out: Path, g: dict):
               "|---|---|---|---|---|---|"]
     for i, st in enumerate(stats.get("stages") or []):
         lines.append(f"| {i + 1} | {st['steps']} x {st['batch']} x {st['seq_len']} | {st['lr']}, "
-                     f"{st.get('schedule', 'cosine')} | natural text {st.get('natural_share', 0.45)}, kinds "
+                     f"{st.get('schedule', 'cosine')} | natural text {st.get('natural_share', 0.45)}"
+                     + (f", whole-window slices {st['long_share']}" if st.get("long_share") else "") + ", kinds "
                      f"{st.get('kind_weights', 'default')}, theta {st.get('rope_theta')} | {st['final_loss']:.3f} | "
                      f"{st['wall_seconds']} s |")
     lines += ["", f"Total: {stats['steps']} steps, {stats['tokens']:,} tokens, {stats['wall_seconds']} s of "
@@ -342,7 +348,7 @@ def main():
     ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gate-samples", type=int, default=50)
+    ap.add_argument("--gate-samples", type=int, default=50, help="prompts per gate check (0: no gate)")
     ap.add_argument("--gate-only", action="store_true")
     ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")
     ap.add_argument("--copy-warmup", type=int, default=0, help="first N steps on repeated random spans (induction)")
@@ -350,13 +356,15 @@ def main():
     ap.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                     help="after warm-up: cosine to 10%% of lr, or constant")
     ap.add_argument("--natural-share", type=float, default=0.45, help="share of sequences' documents that are natural text")
+    ap.add_argument("--max-doc-tokens", type=int, default=0, help="cap on synthetic document length (0: the window)")
     ap.add_argument("--long-share", type=float, default=0.0,
                     help="share of windows that are one contiguous slice of a book / source file (no packing)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not args.gate_only:
         pretrain(args)
-    write_card(Path(args.out), gate(Path(args.out), args.gate_samples, seed=1234))
+    if args.gate_samples > 0:  # 0: an intermediate stage, no gate
+        write_card(Path(args.out), gate(Path(args.out), args.gate_samples, seed=1234))
 
 
 if __name__ == "__main__":

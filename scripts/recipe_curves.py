@@ -53,8 +53,7 @@ def main(cfg: DictConfig) -> None:
     train.max_steps = max(at)
     train.tokens = max(train.tokens, max(at) * train.global_batch * train.seq_len)
     train.save_every = 0
-    handle = pipeline.load_and_extend(cfg, method)
-    chunks = build_data(cfg.data, handle.tokenizer, train.seq_len, train.tokens)
+    train.convergence_check = False  # the curve measures the base itself, with its own suite
     evaluators = build_evaluators(suite)
     run_dir = Path(cfg.paths.output_dir) / "curves" / out.stem
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -63,18 +62,19 @@ def main(cfg: DictConfig) -> None:
               "model": cfg.model.name, "eval": suite_name, "suite": suite, "at": at, "points": {},
               "git_sha": results.git_sha(), "started": results.now_iso()}
 
-    def evaluate(label):
+    def evaluate(label, handle, with_method=True):
         t0 = time.time()
         handle.model.eval()
-        point = {k: ev.run(handle, method, ctx) for k, ev in zip(suite, evaluators)}
+        point = {k: ev.run(handle, method if with_method else None, ctx) for k, ev in zip(suite, evaluators)}
         point["eval_seconds"] = round(time.time() - t0, 1)
         record["points"][label] = point
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=1))
         print(f"[{label}] " + " ".join(f"{k}={_short(v)}" for k, v in point.items() if isinstance(v, dict)), flush=True)
 
-    evaluate("0")
-    losses = []
+    handle = pipeline.load_and_extend(cfg, method, train, before_extend=lambda h: evaluate("base", h, False))
+    chunks = build_data(cfg.data, handle.tokenizer, train.seq_len, train.tokens)
+    evaluate("0", handle)
 
     def on_step(step, model, ema):
         if step not in at:
@@ -83,7 +83,7 @@ def main(cfg: DictConfig) -> None:
         if ema is not None:
             ema.copy_to(model)
         with torch.no_grad():
-            evaluate(str(step))
+            evaluate(str(step), handle)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(saved[n])

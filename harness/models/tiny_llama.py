@@ -1,4 +1,4 @@
-"""tiny_llama: the embedded default, a 5M-parameter Llama with native window C=256, shipped in the repo.
+"""tiny_llama: the embedded default, a 5M-parameter Llama with native window C=512, shipped in the repo.
 
 Trained by ``scripts/pretrain_tiny.py``; its model card (training data, steps, tokens, loss, passkey gate) is
 ``harness/assets/tiny_llama/README.md``.
@@ -31,7 +31,7 @@ class TinyLlama:
     @dataclass
     class Args(ModelArgs):
         name: str = "tiny_llama"
-        native_ctx: int = 256
+        native_ctx: int = 512
 
     @staticmethod
     def build(a: "TinyLlama.Args") -> ModelHandle:
@@ -39,4 +39,8 @@ class TinyLlama:
         if not (Path(path) / "model.safetensors").exists():
             raise ConfigError(f"tiny_llama weights not found in {path} (run scripts/pretrain_tiny.py)")
         model, tok = load_pretrained(path, a.dtype, a.attn_implementation)
+        trained = int(model.config.max_position_embeddings)
+        if not a.path and trained != a.native_ctx:
+            raise ConfigError(f"model.native_ctx = {a.native_ctx} but the shipped tiny_llama was pretrained at "
+                              f"{trained} tokens (its config.json); set model.native_ctx={trained}")
         return ModelHandle(model, tok, "tiny_llama", a.native_ctx, {"path": path, "rotary_dim": rotary_dim(model.config)})

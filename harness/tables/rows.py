@@ -24,6 +24,19 @@ def load_yaml(path: str | Path) -> dict:
         return yaml.load(f, Loader=loader)
 
 
+def read_rows_in(directory: str | Path) -> list[dict]:
+    """Every intact row (``*.json``) directly in ``directory``: an archived study (``results/archive/<name>/``)."""
+    import sys
+
+    rows = []
+    for f in sorted(Path(directory).glob("*.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except (json.JSONDecodeError, OSError) as e:
+            print(f"warning: skipping unreadable row {f}: {e}", file=sys.stderr)
+    return rows
+
+
 def load_spec(path: str | Path | None = None) -> dict:
     return load_yaml(path or HERE / "spec.yaml")
 

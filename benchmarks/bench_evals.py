@@ -278,6 +278,7 @@ def suite_cost(methods: list[str], suite: str = "tiny", model: str = "tiny_llama
                     res["entries"][key]["tokens_reused"] = m["tokens_reused"]
                     res["entries"][key]["tokens_encoded"] = m["tokens_encoded"]
                 res["n"][key] = {k: node.get(k) for k in ("samples", "depth_intervals", "tasks") if k in node}
+                print(f"suite_cost {name} {key}: {res['entries'][key]}", flush=True)
             res["wall_s"] = round(time.perf_counter() - w0, 1)
             res["cpu_s"] = round(time.process_time() - c0, 1)
         res["lengths"] = list(cfg.eval.lengths)

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run test test-slow bench bench-gpu bench-gpu-smoke plan tables status tiny-model clean
+.PHONY: help setup run test test-slow bench bench-gpu bench-gpu-smoke plan tables findings study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ tables: setup ## regenerate the paper's tables and figures from results/runs/
 
 status: ## list unfinished and failed rows of results/runs/ (killed runs show as stale); ARGS=--all for every row
 	@$(PY) -m harness.status $(ARGS)
+
+findings: setup ## results/findings.md: the paper's 12 findings tested on results/runs/ (coded verdict rule)
+	$(PY) scripts/make_findings.py
+
+study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS=... for overrides
+	$(PY) scripts/study.py $(ARGS)
 
 TINY := harness/assets/tiny_llama
 KINDS6 := cued=0.15,lookup=0.25,multivalue=0.12,chain=0.18,repeat=0.08,recall=0.07,entities=0.1,kv=0.05

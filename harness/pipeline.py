@@ -182,7 +182,8 @@ def resume_key(cfg) -> str:
 
 
 def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
-    ctx = EvalContext(run_dir=Path(row["run_dir"]), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+    ctx = EvalContext(run_dir=Path(row["run_dir"]), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
     evaluators = build_evaluators(suite)
     for key, ev in zip(suite, evaluators):

@@ -285,7 +285,8 @@ def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
             node["min_tokens"] = max(int(L) for L in node["lengths"])
         node["lengths"] = [shard.length]
     ev = build_evaluators({shard.entry: node})[0]
-    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
     return ev.run(handle, method, ctx)
 
 

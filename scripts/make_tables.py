@@ -1,6 +1,8 @@
 """`make tables`: regenerate results/tables/*.md|.tex and results/figures/*.png|.pdf from results/runs/*.json.
 
     python scripts/make_tables.py [--results results] [--tables DIR] [--figures DIR] [--no-figures]
+    python scripts/make_tables.py --runs results/archive/<study> --tables results/archive/<study>/tables \
+        --figures results/archive/<study>/figures        # an archived study
 """
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", default=None, help="output directory for tables (default <results>/tables)")
     ap.add_argument("--figures", default=None, help="output directory for figures (default <results>/figures)")
     ap.add_argument("--no-figures", action="store_true")
+    ap.add_argument("--runs", default=None, help="read the rows (*.json) from this directory instead of <results>/runs")
     a = ap.parse_args(argv)
     t0 = time.time()
     from harness.tables import build_all
 
-    out = build_all(a.results, a.tables, a.figures, figures=not a.no_figures)
+    out = build_all(a.results, a.tables, a.figures, figures=not a.no_figures, runs_dir=a.runs)
     print(f"{out['rows']} rows -> {len(out['tables'])} tables, {len(out['figures'])} figure files "
           f"in {time.time() - t0:.1f}s")
     for t in out["tables"]:

@@ -513,3 +513,74 @@ def test_passkey_prefix_reuse_same_predictions(tok, model64):
     b = run_passkey(model64, tok, 256, 3, seed=0, gen_tokens=4, dtype="float32", reuse_prefix=False)
     assert [r["prediction"] for r in a] == [r["prediction"] for r in b]
     assert all(r["prompt_tokens"] + 4 <= 256 for r in a)
+
+
+# --- per-sample scores and intervals in the row; batched, cached windows (issue 20) --------------------------------
+def test_rows_keep_per_sample_scores_and_intervals(tmp_path, tok, model64):
+    from harness.evals.passkey import Passkey
+
+    d = toy_docs(tmp_path)
+    h = ModelHandle(model64, tok, "rand", 256)
+    r = Perplexity(Perplexity.Args(dataset=f"dir:{d}", samples=3, lengths=[128, 256])).run(h, None, ctx(tmp_path))
+    for L in ("128", "256"):
+        x = r["per_sample"][L]
+        assert len(x) == 3 and r["ppl"][L] == pytest.approx(math.exp(np.mean(x)), rel=1e-5)
+        assert r["ci"][L][0] <= r["ppl"][L] <= r["ci"][L][1]
+    p = Passkey(Passkey.Args(samples=4, gen_tokens=4, lengths=[256])).run(h, None, ctx(tmp_path))
+    c = p["correct"]["256"]
+    assert len(c) == 4 and p["accuracy"]["256"] == sum(c) / 4 and len(p["depth"]["256"]) == 4
+    assert p["ci"]["256"][0] <= p["accuracy"]["256"] <= p["ci"]["256"][1] and p["ci"]["256"][1] > 0  # Wilson
+    n = NLLByPosition(NLLByPosition.Args(dataset=f"dir:{d}", samples=3, buckets=4, lengths=[200]))
+    m = n.run(h, None, ctx(tmp_path))
+    assert np.allclose(np.mean(m["per_doc"], axis=0), m["nll"], atol=1e-4)
+    assert all(lo <= v <= hi for lo, v, hi in zip(m["ci_lo"], m["nll"], m["ci_hi"]))
+
+
+@pytest.mark.parametrize("method", ["base", "ntk_32k", "self_extend", "lm_infinite", "landmark"])
+def test_batched_windows_equal_one_at_a_time(tiny, method):
+    """PPL windows of one length run as a batch give the NLL of running them one by one, for RoPE and for the
+    custom (blockwise) attention methods, so batching never changes a score."""
+    from harness.conf_utils import group_defaults
+    from harness.evals.common import window_nlls
+    from harness.methods import build_method
+    from harness.models import load_model
+
+    h = load_model("tiny_llama")
+    m = build_method(group_defaults("method", method))
+    m.apply(h)
+    m.eval_mode(h)
+    g = torch.Generator().manual_seed(5)
+    wins = [torch.randint(3, 4000, (256,), generator=g).tolist() for _ in range(3)]
+    one = window_nlls(h.model, wins, dtype="float32", batch_tokens=0)
+    batch = window_nlls(h.model, wins, dtype="float32", batch_tokens=3 * 256)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(one, batch))
+
+
+def test_window_cache_is_shared_and_exact(model64):
+    from harness.evals.common import window_nlls
+
+    cache: dict = {}
+    wins = [list(range(5, 105)), list(range(7, 107))]
+    a = window_nlls(model64, wins, dtype="float32", cache=cache)
+    assert len(cache) == 2
+    b = window_nlls(model64, [wins[1]], dtype="float32", cache=cache)   # served from the cache
+    assert b[0] is a[1]
+    c = window_nlls(model64, [wins[1][:50]], dtype="float32", cache=cache)   # another window: computed
+    assert len(cache) == 3 and c[0].shape == (49,)
+
+
+def test_reuse_order_is_a_prefix_tree_walk():
+    from harness.evals.common import reuse_order
+
+    p = [[1, 2, 9], [1, 5], [1, 2, 3, 4], [0]]
+    assert reuse_order(p) == [3, 2, 0, 1]
+
+
+def test_default_suite_is_powered():
+    """The default suite's sample sizes (issue 20): >= 50 passkey prompts, >= 8 PPL documents, >= 20 RULER samples
+    per task and length, NIAH over >= 5 depths."""
+    from harness.conf_utils import compose
+
+    s = compose([]).eval.suite
+    assert s.passkey.samples >= 50 and s.ppl_books.samples >= 8 and s.ppl_code.samples >= 8
+    assert s.nll_by_position.samples >= 8 and s.ruler.samples >= 20 and s.niah.depth_intervals >= 5

@@ -32,11 +32,14 @@ class EvalArgs:
 
 @dataclass
 class EvalContext:
-    """What an evaluator may use besides the model: where to write per-sample records, the seed, autocast."""
+    """What an evaluator may use besides the model: where to write per-sample records, the seed, autocast, how many
+    tokens to batch, and a cache of window NLLs valid for this one evaluation of one (fixed) model."""
 
     run_dir: Path
     seed: int = 0
     autocast: str = "auto"  # compute dtype: auto (bf16 where the hardware has it) | bfloat16 | float32
+    batch_tokens: int = 8192  # windows of one length scored together up to this many tokens (0 = one at a time)
+    nll_cache: dict | None = field(default_factory=dict)  # window NLLs shared by one run's evaluators; None = off
 
     def samples_path(self, evaluator: str) -> Path:
         p = Path(self.run_dir) / "samples" / f"{evaluator}.jsonl"

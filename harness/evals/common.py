@@ -75,6 +75,44 @@ def token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, dtype: str = "a
     return torch.cat(out, dim=1)
 
 
+def window_nlls(model, windows: list[list[int]], chunk: int = 1024, dtype: str = "auto", batch_tokens: int = 0,
+                cache: dict | None = None) -> list:
+    """Per-token NLL (numpy float32, length len(w) - 1) of every token window in ``windows``, in order.
+
+    Windows of the same length are run together in batches of at most ``batch_tokens`` tokens (0 = one at a time):
+    no padding, so every method sees exactly the inputs it sees unbatched (checked for every method against B = 1:
+    identical NLL). ``cache`` (a dict owned by one evaluation of one model, ``EvalContext.nll_cache``) keeps each
+    window's NLL under its token ids, so evaluators that score the same window (``ppl`` at 16C and
+    ``nll_by_position``) compute it once."""
+    import numpy as np
+
+    out: list = [None] * len(windows)
+    keys = [(dtype, len(w), hash(tuple(w))) for w in windows] if cache is not None else [None] * len(windows)
+    todo: dict = {}
+    for i, (w, k) in enumerate(zip(windows, keys)):
+        if cache is not None and k in cache and cache[k][0] == tuple(w):
+            out[i] = cache[k][1]
+        else:
+            todo.setdefault(len(w), []).append(i)
+    for n, idx in todo.items():
+        per = max(1, batch_tokens // n) if batch_tokens > 0 else 1
+        for s in range(0, len(idx), per):
+            part = idx[s : s + per]
+            nll = token_nll(model, torch.tensor([windows[i] for i in part]), chunk, dtype).cpu().numpy()
+            for j, i in enumerate(part):
+                out[i] = np.asarray(nll[j], dtype=np.float32)
+                if cache is not None:
+                    cache[keys[i]] = (tuple(windows[i]), out[i])
+    return out
+
+
+def reuse_order(prompts: list[list[int]]) -> list[int]:
+    """Indices of ``prompts`` (token id lists) in lexicographic order: a depth-first walk of their prefix tree, so
+    that each prompt shares the longest possible head with the one before it (what ``PrefixCache`` reuses).
+    Prompts that branch off a shared haystack at the needle (passkey, NIAH, RULER) then re-encode only their tail."""
+    return sorted(range(len(prompts)), key=lambda i: prompts[i])
+
+
 def greedy_generate(model, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id=None,
                     dtype: str = "auto", stop_ids: tuple = ()) -> list[int]:
     """Greedy decoding with the KV cache for a single prompt [1, L]. Returns the new token ids.

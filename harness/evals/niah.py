@@ -24,8 +24,11 @@ Differences: period tokens are the tokenizer's ids for "." and " ." (the origina
 uses ``encode('.')`` otherwise); tokens are encoded without special tokens (LLaMA's ``encode`` would insert a BOS
 into the needle and the haystack); ``buffer`` (original 200 tokens: "system message, question and response") may
 be ``-1`` = exactly the prompt template plus ``gen_tokens``, so that short windows keep a haystack (tiny suite).
-Without a local essay directory the haystack is the Shakespeare test split (offline prose). Cells of one length
-reuse the KV cache of their common prefix (processed from the deepest needle upwards).
+Without a local essay directory the haystack is the Shakespeare test split (offline prose). Cells are decoded in
+lexicographic order of their prompts (``reuse_order``), so each reuses the KV cache of the longest head it shares
+with the previous one (the haystack up to the needle, across depths and lengths); scores do not depend on the order.
+The row keeps the score per cell (``grid``: one needle per depth, the samples of a length) and a 95%
+interval per length over the depths (``ci``, Wilson on the summed scores: ``harness.stats.bounded_interval``).
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
-from harness.evals.common import PrefixCache
+from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import NIAH_NEEDLE, NIAH_PROMPT, NIAH_QUESTION
+from harness.stats import bounded_interval
 
 LCEG_EXPECTED = "eat a sandwich and sit in Dolores Park on a sunny day."
 
@@ -183,8 +187,10 @@ class NeedleInAHaystack:
         stops = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
         cells: dict = {}
         recs, over_budget = [], []
-        for L, d, prompt, point, n_ctx in (self.prompts(tok, lengths) if lengths else []):
-            ids = tok(prompt).input_ids
+        todo = [(L, d, point, n_ctx, tok(prompt).input_ids)
+                for L, d, prompt, point, n_ctx in (self.prompts(tok, lengths) if lengths else [])]
+        order = reuse_order([t[4] for t in todo]) if a.reuse_prefix else range(len(todo))
+        for L, d, point, n_ctx, ids in (todo[i] for i in order):
             if len(ids) + a.gen_tokens > L:
                 over_budget.append([L, d, len(ids)])
             out = runner.generate(ids, a.gen_tokens, stop_ids=stops)
@@ -195,9 +201,15 @@ class NeedleInAHaystack:
             recs.append({"length": L, "depth": d, "prompt_tokens": len(ids), "insertion": point,
                          "context_tokens": n_ctx, "response": resp, "lceg": round(s_lceg, 4),
                          "rouge1x10": round(s_rouge, 4)})
+        recs.sort(key=lambda r: (r["length"], r["depth"]))
+        cells = dict(sorted(cells.items(), key=lambda kv: int(kv[0])))
         write_jsonl(ctx.samples_path("niah"), recs)
         score = {L: round(sum(g.values()) / len(g), 4) for L, g in cells.items()}
         grid_sorted = {L: dict(sorted(g.items(), key=lambda kv: int(kv[0]))) for L, g in cells.items()}
-        return {"score": score, "grid": grid_sorted, "scorer": a.scorer, "depths": self.depths(),
+        ci = {}
+        for L, g in grid_sorted.items():  # one needle per depth: the depths are the samples of a length
+            est = bounded_interval(list(g.values()))
+            ci[L] = [round(est[1], 4), round(est[2], 4)] if est else None
+        return {"score": score, "ci": ci, "grid": grid_sorted, "scorer": a.scorer, "depths": self.depths(),
                 "haystack": getattr(self, "source", None), "skipped": skipped, "over_budget": over_budget,
                 "tokens_reused": runner.tokens_reused, "tokens_encoded": runner.tokens_encoded}

@@ -5,7 +5,9 @@ Each of the first ``samples`` documents with at least ``length - 1`` tokens is s
 ``[BOS] + doc[:length-1]`` (the YaRN truncated protocol of ``ppl``); position p is the index of the predicted token
 in that window (1 .. length-1). Per-position NLL is averaged over documents, then over ``buckets`` equal-width
 position buckets. ``length: 0`` uses the largest evaluation length the method supports (lengths beyond the method's
-limit are skipped, never run). Never materialises a [length x vocab] logit tensor (``token_nll``).
+limit are skipped, never run). Never materialises a [length x vocab] logit tensor (``token_nll``). The row keeps
+the per-document bucket means (``per_doc``) and a bootstrap 95% band over documents per bucket (``ci_lo``/``ci_hi``);
+documents are the same for every method, so curves can be compared document by document.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import numpy as np
 import torch
 
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
-from harness.evals.common import token_nll
+from harness.evals.common import token_nll, window_nlls
 from harness.evals.ppl import check_dataset, load_documents
+from harness.stats import bootstrap_mean
 
 
 def bucket_means(nll: np.ndarray, buckets: int) -> tuple[list[int], list[float]]:
@@ -80,14 +83,19 @@ class NLLByPosition:
         if not docs:
             return {"positions": [], "nll": [], "length": L, "skipped": {str(L): "no document is long enough"},
                     "documents_too_short": short}
-        total = None
-        for d in docs:
-            ids = torch.tensor([([bos] if bos is not None else []) + d])
-            nll = token_nll(handle.model, ids, a.chunk, ctx.autocast)[0].double().cpu().numpy()
-            total = nll if total is None else total + nll
-        mean = total / len(docs)
+        wins = [([bos] if bos is not None else []) + d for d in docs]
+        per_doc = [np.asarray(x, dtype=np.float64) for x in
+                   window_nlls(handle.model, wins, a.chunk, ctx.autocast, ctx.batch_tokens, ctx.nll_cache)]
+        mean = np.mean(per_doc, axis=0)
         positions, values = bucket_means(mean, a.buckets)
+        doc_buckets = [bucket_means(x, a.buckets)[1] for x in per_doc]  # per document: bands, paired comparisons
+        lo, hi = [], []
+        for b in range(len(values)):
+            est = bootstrap_mean([d[b] for d in doc_buckets]) if len(doc_buckets) >= 3 else None
+            lo.append(round(est[1], 5) if est else None)
+            hi.append(round(est[2], 5) if est else None)
         write_jsonl(ctx.samples_path("nll_by_position"),
                     [{"length": L, "positions": positions, "nll": values, "documents": len(docs)}])
         return {"positions": positions, "nll": values, "length": L, "documents": len(docs),
-                "documents_too_short": short, "dataset": a.dataset, "skipped": skipped}
+                "documents_too_short": short, "dataset": a.dataset, "skipped": skipped,
+                "ci_lo": lo, "ci_hi": hi, "per_doc": doc_buckets}

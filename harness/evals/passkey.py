@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
-from harness.evals.common import PrefixCache, greedy_generate
+from harness.evals.common import PrefixCache, greedy_generate, reuse_order
+from harness.stats import wilson
 from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
 
 STEP = 128  # characters of garbage added per step (YaRN eval/passkey.py)
@@ -65,19 +66,22 @@ def score(continuation: str, pass_key: int) -> bool:
 
 def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
                 dtype: str = "auto", reuse_prefix: bool = True) -> list[dict]:
-    """Consecutive prompts share the task line and the garbage up to the earlier needle: with ``reuse_prefix`` that
-    head is not re-encoded (``PrefixCache``; same greedy tokens as ``greedy_generate``)."""
+    """Consecutive prompts share the task line and the garbage up to the earlier needle: with ``reuse_prefix`` the
+    prompts are decoded in lexicographic order of their token ids (``reuse_order``: neighbours share the longest
+    heads) and that head is not re-encoded (``PrefixCache``; same greedy tokens as ``greedy_generate``). The prompts
+    themselves, drawn in order from the seeded generator, and the records (in prompt order) do not depend on it."""
     rng = random.Random(f"passkey-{seed}-{length}")
     runner = PrefixCache(model, dtype) if reuse_prefix else None
-    records = []
-    for i in range(n_samples):
-        s = make_sample(tokenizer, length, rng, gen_tokens)
-        ids = tokenizer(s["prompt"], return_tensors="pt").input_ids
-        new = runner.generate(ids[0].tolist(), gen_tokens) if runner else \
-            greedy_generate(model, ids, gen_tokens, dtype=dtype)
+    samples = [make_sample(tokenizer, length, rng, gen_tokens) for _ in range(n_samples)]
+    ids = [tokenizer(s["prompt"]).input_ids for s in samples]
+    records: list = [None] * n_samples
+    for i in (reuse_order(ids) if reuse_prefix else range(n_samples)):
+        s = samples[i]
+        new = runner.generate(ids[i], gen_tokens) if runner else \
+            greedy_generate(model, torch.tensor([ids[i]]), gen_tokens, dtype=dtype)
         text = tokenizer.decode(new, skip_special_tokens=True)
-        records.append({"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
-                        "prompt_tokens": ids.shape[1], "prediction": text, "correct": score(text, s["pass_key"])})
+        records[i] = {"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
+                      "prompt_tokens": len(ids[i]), "prediction": text, "correct": score(text, s["pass_key"])}
     return records
 
 
@@ -108,15 +112,19 @@ class Passkey:
     def run(self, handle, method, ctx) -> dict:
         a = self.args
         lengths, skipped = split_lengths(a.lengths, handle, method)
-        acc, by_depth = {}, {}
+        acc, by_depth, correct, depth, ci = {}, {}, {}, {}, {}
         for L in lengths:
             recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast,
                                a.reuse_prefix)
             write_jsonl(ctx.samples_path("passkey"), recs)
-            acc[str(L)] = sum(r["correct"] for r in recs) / len(recs)
+            k = sum(r["correct"] for r in recs)
+            acc[str(L)] = k / len(recs)
+            ci[str(L)] = [round(x, 4) for x in wilson(k, len(recs))]
+            correct[str(L)] = [int(r["correct"]) for r in recs]  # per prompt, in prompt order (same prompts for
+            depth[str(L)] = [r["depth"] for r in recs]           # every method: paired comparisons)
             bins = [[] for _ in range(a.depth_bins)]
             for r in recs:
                 bins[min(int(r["depth"] * a.depth_bins), a.depth_bins - 1)].append(r["correct"])
             by_depth[str(L)] = [round(sum(b) / len(b), 4) if b else None for b in bins]
-        return {"accuracy": acc, "accuracy_by_depth": by_depth, "samples_per_length": a.samples,
-                "skipped": skipped}
+        return {"accuracy": acc, "ci": ci, "accuracy_by_depth": by_depth, "samples_per_length": a.samples,
+                "correct": correct, "depth": depth, "skipped": skipped}

@@ -35,7 +35,7 @@ import torch
 from harness.config import ConfigError
 from harness.data.sources import SOURCES, load_source, local_directory
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
-from harness.evals.common import token_nll
+from harness.evals.common import token_nll, window_nlls
 
 DATASET_FORMS = f"{', '.join(sorted(SOURCES))}, dir:<directory of .txt files>, bin:<LongLoRA .bin file>"
 
@@ -199,7 +199,7 @@ class Perplexity:
         else:
             stream, n_docs, short = self.stream(tok, min_tokens)
         bos = tok.bos_token_id
-        res, scored = {}, {}
+        res, scored, per_sample, ci = {}, {}, {}, {}
         for L in list(lengths):
             recs: list[dict] = []
             if a.protocol == "yarn" and not n_docs:
@@ -212,15 +212,18 @@ class Perplexity:
                 continue
             if a.protocol == "yarn":
                 nlls, n = [], 0
-                for d in docs:
-                    for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None):
-                        ids = torch.tensor([([bos] if bos is not None else []) + d[b:e]])
-                        nll = token_nll(model, ids, a.chunk, ctx.autocast)[0, -trg:]
-                        nlls.append(nll.mean().item())
-                        n += trg
-                        recs.append({"dataset": a.dataset, "length": L, "begin": b, "end": e, "scored": trg, "nll": round(nlls[-1], 6)})
+                wins = [(j, b, e, trg) for j, d in enumerate(docs)
+                        for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None)]
+                per_tok = window_nlls(model, [([bos] if bos is not None else []) + docs[j][b:e] for j, b, e, _ in wins],
+                                      a.chunk, ctx.autocast, ctx.batch_tokens, ctx.nll_cache)
+                for (j, b, e, trg), nll in zip(wins, per_tok):
+                    nlls.append(float(np.mean(nll[-trg:], dtype=np.float64)))
+                    n += trg
+                    recs.append({"dataset": a.dataset, "length": L, "doc": j, "begin": b, "end": e, "scored": trg,
+                                 "nll": round(nlls[-1], 6)})
                 res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
                 scored[str(L)] = {"tokens": n, "windows": len(nlls)}
+                per_sample[str(L)] = [round(x, 6) for x in nlls]  # one mean NLL per window (truncate: per document)
             else:
                 starts = longlora_starts(len(stream), L, a.stride)
                 use = subsample(starts, a.max_windows)
@@ -231,6 +234,22 @@ class Perplexity:
                 # LongLoRA eval.py: ppl = 2.71828 ** val_loss (kept verbatim; e differs in the 7th digit)
                 res[str(L)] = 2.71828 ** float(np.mean(losses)) if losses else None
                 scored[str(L)] = {"tokens": len(use) * (L - 1), "windows": len(use), "windows_total": len(starts)}
+                per_sample[str(L)] = [round(x, 6) for x in losses]
+            ci[str(L)] = _interval(per_sample[str(L)], a.protocol)
             write_jsonl(ctx.samples_path(f"ppl_{a.protocol}"), recs)
         return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": n_docs,
-                "documents_too_short": short, "min_tokens": min_tokens, "scored": scored, "skipped": skipped}
+                "documents_too_short": short, "min_tokens": min_tokens, "scored": scored, "skipped": skipped, "ci": ci,
+                "per_sample": per_sample, "per_sample_unit": "window mean NLL, in window order (paired across methods)"}
+
+
+def _interval(nlls: list, protocol: str):
+    """Bootstrap 95% interval of the PPL over windows (``harness.stats.ppl_interval``), None below 3 windows."""
+    from harness.stats import ppl_interval
+
+    est = ppl_interval(nlls)
+    if est is None:
+        return None
+    if protocol == "longlora":  # the PPL itself is 2.71828 ** mean; the interval is on the same scale
+        scale = 2.71828 ** float(np.mean(nlls)) / est[0]
+        return [round(est[1] * scale, 4), round(est[2] * scale, 4)]
+    return [round(est[1], 4), round(est[2], 4)]

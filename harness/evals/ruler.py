@@ -19,7 +19,10 @@ switch between the small and large cwe / repeat-haystack settings; ``essay_incre
 ``vt_icl_length`` (RULER: 500 tokens) and ``vt_increment`` (RULER: 10 noise lines) scale the length search and the vt
 example to miniature windows.
 Decoding stops at EOS (RULER's HF wrapper generates the full budget; the scores are substring matches, so this
-only saves time). Consecutive prompts reuse the KV cache of their common prefix (``reuse_prefix``).
+only saves time). The samples of one task and length are decoded in lexicographic order of their prompts
+(``reuse_order``), each reusing the KV cache of the head it shares with the previous one (``reuse_prefix``); the row
+keeps every sample's score in sample order (``per_sample``) and a 95% interval per task and length (``task_ci``)
+and per length for the average (``ci``): Wilson on the summed scores / 100 (``harness.stats.bounded_interval``).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
 from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
-from harness.evals.common import PrefixCache
+from harness.evals.common import PrefixCache, reuse_order
+from harness.stats import bounded_interval
 
 
 @EVALS.register("ruler")
@@ -97,6 +101,9 @@ class Ruler:
         skipped_tasks = {t: r for t in a.tasks if (r := gen.unavailable(t))}
         tasks = [t for t in a.tasks if t not in skipped_tasks]
         scores: dict = {t: {} for t in tasks}
+        per_sample: dict = {t: {} for t in tasks}
+        task_ci: dict = {t: {} for t in tasks}
+        ci: dict = {}
         skipped: dict = {}
         average, average_over = {}, {}
         t_gen = 0.0
@@ -110,25 +117,31 @@ class Ruler:
                     continue
                 finally:
                     t_gen += time.time() - t0
-                preds, recs = [], []
-                for s in samples:
-                    ids = tok(s["input"]).input_ids
+                ids_all = [tok(s["input"]).input_ids for s in samples]
+                preds, recs = [None] * len(samples), [None] * len(samples)
+                for i in (reuse_order(ids_all) if a.reuse_prefix else range(len(samples))):
+                    s, ids = samples[i], ids_all[i]
                     n_new = min(a.max_new_tokens, s["tokens_to_generate"]) if a.max_new_tokens > 0 \
                         else s["tokens_to_generate"]
                     out = runner.generate(ids, n_new, stop_ids=stops)
-                    pred = postprocess_pred(tok.decode(out, skip_special_tokens=True))
-                    preds.append(pred)
-                    recs.append({"task": task, "length": L, "index": s["index"], "prompt_tokens": len(ids),
-                                 "budget": s["length"], "outputs": s["outputs"], "pred": pred})
+                    preds[i] = postprocess_pred(tok.decode(out, skip_special_tokens=True))
+                    recs[i] = {"task": task, "length": L, "index": s["index"], "prompt_tokens": len(ids),
+                               "budget": s["length"], "outputs": s["outputs"], "pred": preds[i]}
                 refs = [s["outputs"] for s in samples]
                 scores[task][str(L)] = METRICS[METRIC[task]](preds, refs)
                 for r, p, ref in zip(recs, preds, refs):
                     r["score"] = METRICS[METRIC[task]]([p], [ref])
+                per_sample[task][str(L)] = [round(r["score"], 4) for r in recs]  # sample order: paired across methods
+                est = bounded_interval(per_sample[task][str(L)], 100.0)
+                task_ci[task][str(L)] = [round(est[1], 2), round(est[2], 2)] if est else None
                 write_jsonl(ctx.samples_path("ruler"), recs)
             ran = [t for t in tasks if str(L) in scores[t]]
             average_over[str(L)] = ran
             average[str(L)] = round(sum(scores[t][str(L)] for t in ran) / len(ran), 2) if ran else None
-        return {"average": average, "tasks": scores, "average_over": average_over, "skipped_tasks": skipped_tasks,
+            est = bounded_interval([per_sample[t][str(L)] for t in ran], 100.0) if ran else None  # equal-size strata
+            ci[str(L)] = [round(est[1], 2), round(est[2], 2)] if est else None
+        return {"average": average, "ci": ci, "tasks": scores, "task_ci": task_ci, "per_sample": per_sample,
+                "average_over": average_over, "skipped_tasks": skipped_tasks,
                 "skipped": {**skipped_lengths, **skipped}, "samples_per_task": a.samples,
                 "metric": {t: METRIC[t] for t in tasks}, "haystack": gen._haystack.source if gen._haystack else None,
                 "generation_seconds": round(t_gen, 2), "tokens_reused": runner.tokens_reused,

@@ -10,6 +10,7 @@ import math
 import sys
 
 from harness.tables import bootstrap as bs
+from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.render import Cell, Table
 from harness.tables.rows import Entry, RowSet, at_factor, factors, kfmt, native_ctx, num
@@ -42,7 +43,7 @@ def length_notes(rs: RowSet, model: str, paper_c: int, paper_name: str) -> list[
     ex = f"; e.g. the column {kfmt(paper_c * 8)} = 8C = {8 * c} tokens for ours" if c else ""
     return [f"Ours: {model} (native window C = {c} tokens); paper: {paper_name} (C = {kfmt(paper_c)}). Columns "
             f"are lengths as multiples of C{ex}. The numbers are not expected to match, the shape is.",
-            "Cell: ours [bootstrap 95% CI where per-sample scores exist] / paper (ours - paper); \u2014 = no number."]
+            "Cell: ours [95% CI] / paper (ours - paper); \u2014 = no number."]
 
 
 def rows_for(rs: RowSet, paper: Paper, model: str, tid: str):
@@ -55,7 +56,7 @@ def rows_for(rs: RowSet, paper: Paper, model: str, tid: str):
         if pr["key"] in seen:
             continue
         seen.add(pr["key"])
-        match = [e for e in ents if e.method == pr["key"]]
+        match = [e for e in ents if paper_match(paper, e, pr["key"])]
         if not match:
             out.append((pr, None))
         for e in match:
@@ -65,6 +66,16 @@ def rows_for(rs: RowSet, paper: Paper, model: str, tid: str):
         if id(e) not in used:
             out.append((None, e))
     return out
+
+
+def paper_match(paper: Paper, e: Entry, key: str) -> bool:
+    """Our entry stands for the paper's row / column ``key``: same method, and frozen when the paper's is (Table 1
+    says which; a frozen YaRN is not the paper's fine-tuned YaRN)."""
+    if e.method != key:
+        return False
+    frozen = {r["key"]: r["training"] == "frozen" for r in paper.table("table1")["rows"]}
+    frozen["base"] = True
+    return key not in frozen or frozen[key] == e.frozen
 
 
 def series_getter(metric: str, factor: float):
@@ -136,7 +147,7 @@ def ppl_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 if pr is not None:
                     c.has_paper, c.paper = paper.value(ptid, pr["key"], lab)
                 if e is not None:
-                    c.ours = num(rs.pick(e, src, series_getter("ppl", f)).value)
+                    c.fill(est.at(rs, e, src, f), source="PPL")
                     any_ours |= c.ours is not None
                 cells.append(c)
             if e is None and pr is None:
@@ -148,7 +159,7 @@ def ppl_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                           display_label(rs, pr, e)]
             else:
                 labels = [pr.get("len", ""), CHECK if pr.get("exact") else "", pr["label"]]
-            t.add(labels, cells)
+            t.add(labels, cells, e)
         if len(t.rows) > start:
             t.sections[start] = name + ("" if any_ours else " (no rows of ours)")
     if t.n_ours() == 0:
@@ -156,16 +167,14 @@ def ppl_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     if protos and protos != {"longlora"}:
         t.footnotes.append(f"Our PPL protocol: {', '.join(sorted(protos))} (the paper: sliding window 256, LongLoRA "
                            "protocol); the two protocols' numbers are not comparable in absolute terms.")
+    t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
     return t
 
 
 def display_label(rs: RowSet, pr, e) -> str:
-    if e is None:
-        return pr["label"]
-    if pr is not None:
-        return pr["label"] + e.suffix
-    return e.label
+    """Ours: the entry's short label (the base model by its own name); paper-only rows: the paper's label."""
+    return e.label if e is not None else pr["label"]
 
 
 # -- Table 3 / 6: RULER average by length -----------------------------------------------------------------------
@@ -181,6 +190,7 @@ def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
               ["Models", "Train Len"] + [c for c, _ in cols], label_cols=2,
               notes=length_notes(rs, model, paper_c, "Phi-2-base" if second else "LLaMA2-7B"))
     order = {"frozen": 0, "fine-tuned": 1}
+    fl = est.floor(rs, model, "ruler")
     items = rows_for(rs, paper, model, ptid)
     items.sort(key=lambda pe: order["frozen" if (pe[1].frozen if pe[1] else pe[0].get("training") == "frozen")
                                     else "fine-tuned"])
@@ -192,10 +202,9 @@ def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
             if pr is not None:
                 c.has_paper, c.paper = paper.value(ptid, pr["key"], lab)
             if e is not None:
-                p = rs.pick(e, "ruler", series_getter("average", f))
-                c.ours = num(p.value)
-                c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": int(round(f * e.native_ctx))}, "task", c.ours) \
-                    if c.ours is not None else None
+                c.fill(est.at(rs, e, "ruler", f), source="RULER")
+                if c.ours is not None and not fl.measurable:
+                    c.nm = fl.reason
             cells.append(c)
         if e is not None and all(c.ours is None for c in cells) and pr is None:
             continue
@@ -204,9 +213,10 @@ def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
             t.sections[len(t.rows)] = grp
             last = grp
         tl = paper_len_label(e, paper_c) if e is not None else pr.get("train_len", "")
-        t.add([display_label(rs, pr, e), tl], cells)
+        t.add([display_label(rs, pr, e), tl], cells, e)
     if t.n_ours() == 0:
         return None
+    t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
     return t
 
@@ -239,6 +249,9 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
               ["PPL = PG19 perplexity at 8C (paper: 32k); RULER = RULER average at 8C; Needle = NIAH score averaged "
                "over the evaluated lengths (x100); Mshots = many-shot accuracy averaged over the shot counts; LongB "
                "= LongBench mean over tasks."])
+    fls = {k: est.floor(rs, model, k) for k in ("niah", "passkey", "ruler")}
+    has_niah = any(est.lengths_of(rs, e, "niah", "score") for e in rs.for_model(model))
+    needle_src = "niah" if has_niah and fls["niah"].measurable else "passkey"
     used_passkey = False
     groups = [("exact", "frozen"), ("exact", "fine-tuned"), ("approximate", "frozen"), ("approximate", "fine-tuned")]
     items = rows_for(rs, paper, model, "table1")
@@ -257,37 +270,50 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 if e is not None:
                     cs = spec[col]
                     src = cs["source"]
-                    if "at" in cs:
+                    if src in ("ppl_pg19", "ruler") and "at" in cs:
+                        c.fill(est.at(rs, e, src, float(cs["at"])), source="PPL" if src != "ruler" else "RULER")
+                        if src == "ruler" and c.ours is not None and not fls["ruler"].measurable:
+                            c.nm = fls["ruler"].reason
+                    elif col == "Needle":  # NIAH; passkey where NIAH is not measurable or was not run
+                        for ns in dict.fromkeys([needle_src, "passkey"]):
+                            metric = "score" if ns == "niah" else "accuracy"
+                            x = est.pooled([est.at(rs, e, ns, f) for f in est.lengths_of(rs, e, ns, metric)])
+                            if x is not None:
+                                c.fill(x, 100.0, source=ns + " (pooled over lengths)")
+                                used_passkey |= ns == "passkey"
+                                if not fls[ns].measurable:
+                                    c.nm = fls[ns].reason
+                                break
+                    elif "at" in cs:
                         metric = rs.spec["sources"][src]["metric"]
                         p = rs.pick(e, src, series_getter(metric, float(cs["at"])))
                         c.ours = num(p.value)
-                        if src == "ruler" and c.ours is not None:
-                            c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": int(cs["at"] * e.native_ctx)}, "task",
-                                          c.ours)
                     elif cs.get("reduce") == "longbench_average":
                         p = rs.pick(e, src, lambda m, r: _task_mean(m))
                         c.ours = num(p.value)
                         if c.ours is not None:
                             c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
                     else:
-                        for s in [src] + ([cs["fallback"]] if cs.get("fallback") else []):
-                            sd = rs.spec["sources"][s]
-                            p = rs.pick(e, s, lambda m, r, sd=sd: _mean_series(m, sd["metric"], sd.get("scale", 1)))
-                            if p.value is not None:
-                                c.ours = num(p.value)
-                                ev = sd.get("evaluator", s)
-                                c.ci = ci_for(rs, p, [ev], ev, {}, "length", c.ours)
-                                used_passkey |= s == "passkey" and col == "Needle"
-                                break
+                        sd = rs.spec["sources"][src]
+                        p = rs.pick(e, src, lambda m, r, sd=sd: _mean_series(m, sd["metric"], sd.get("scale", 1)))
+                        if p.value is not None:
+                            c.ours = num(p.value)
+                            ev = sd.get("evaluator", src)
+                            c.ci = ci_for(rs, p, [ev], ev, {}, "length", c.ours)
+                    if c.ours is not None and c.ci is None and not c.no_ci:
+                        c.no_ci = "no per-sample scores for this evaluator"
                 cells.append(c)
             if e is not None and pr is None and all(c.ours is None for c in cells):
                 continue
             t.add(["Exact Attention" if att == "exact" else "Approxi. Attention",
-                   "Frozen" if tr == "frozen" else "Fine-Tuned", display_label(rs, pr, e)], cells)
+                   "Frozen" if tr == "frozen" else "Fine-Tuned", display_label(rs, pr, e)], cells, e)
     if t.n_ours() == 0:
         return None
     if used_passkey:
-        t.footnotes.append("Needle: passkey retrieval accuracy (averaged over lengths, x100) where NIAH was not run.")
+        why = ("NIAH is not measurable at this scale: " + fls["niah"].reason) if needle_src == "passkey" and \
+            has_niah else "where NIAH was not run"
+        t.footnotes.append(f"Needle: passkey retrieval accuracy (pooled over the evaluated lengths, x100): {why}.")
+    t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
     return t
 
@@ -300,7 +326,7 @@ def method_columns(rs: RowSet, paper: Paper, model: str, ptid: str, source: str)
     ents = [e for e in rs.for_model(model) if any(rs.entry_keys(r, source) for r in e.rows)]
     out, used = [], set()
     for lab, key in zip(t["columns"], t["column_keys"]):
-        match = [e for e in ents if e.method == key]
+        match = [e for e in ents if paper_match(paper, e, key)]
         if not match:
             out.append((lab, key, None))
         for e in match:
@@ -328,7 +354,8 @@ def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
               ["Task", "Avglen"] + [h for h, _, _ in cols], label_cols=2,
               notes=[f"Ours: {model}; paper: LLaMA2-7B, prompts truncated from the middle to 32k.",
                      "Cell: ours [bootstrap 95% CI] / paper (ours - paper); \u2014 = no number. Average = mean of "
-                     "the tasks (as the paper's Average: the mean of its 16 tasks)."])
+                     "the tasks (as the paper's Average: the mean of its 16 tasks)."],
+              legend=rs.legend([e for _, _, e in cols]))
     aliases = rs.spec.get("longbench_tasks") or {}
     for pr in paper.table(ptid)["rows"]:
         cells = []
@@ -361,6 +388,7 @@ def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
 def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
     out = []
     aliases = rs.spec.get("ruler_tasks") or {}
+    floors: dict = {}
     for ptid in ("table12", "table13", "table14", "table15", "table16"):
         pt = paper.table(ptid)
         f = int(pt["length"][:-1]) * 1024 / 4096
@@ -368,27 +396,28 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
         t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER results on {pt['length']} context length ({model})",
                   ["Task"] + [h for h, _, _ in cols], label_cols=1,
                   notes=[f"Ours: {model} at {f:g}C (the paper's {pt['length']} = {f:g} x 4k).",
-                         "Cell: ours [bootstrap 95% CI] / paper (ours - paper); \u2014 = no number."])
+                         "Cell: ours [95% CI] / paper (ours - paper); \u2014 = no number."],
+                  legend=rs.legend([e for _, _, e in cols]))
         for pr in pt["rows"]:
             cells = []
+            al = aliases.get(pr["key"], [pr["key"]])
+            if pr["key"] == "average":
+                fl = floors.setdefault("average", est.floor(rs, model, "ruler"))
+            else:
+                task = next((a for a in al if any(est._task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
+                fl = floors.setdefault(task, est.floor(rs, model, "ruler", task=task))
             for h, key, e in cols:
                 c = Cell(decimals=2)
                 if key is not None:
                     c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
                 if e is not None and e.native_ctx:
-                    L = int(round(f * e.native_ctx))
                     if pr["key"] == "average":
-                        p = rs.pick(e, "ruler", series_getter("average", f))
-                        c.ours = num(p.value)
-                        c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": L}, "task", c.ours)
+                        c.fill(est.at(rs, e, "ruler", f), source="RULER")
                     else:
-                        al = aliases.get(pr["key"], [pr["key"]])
-                        p = rs.pick(e, "ruler", lambda m, r, al=al: at_factor(_task_value(m.get("tasks"), al),
-                                                                              native_ctx(r), f))
-                        c.ours = num(p.value)
-                        if c.ours is not None:
-                            task = next((a for a in al if a in (p.row["metrics"][p.entry_key].get("tasks") or {})), None)
-                            c.ci = ci_for(rs, p, ["ruler"], "ruler", {"length": L, "task": task}, None, c.ours)
+                        c.fill(est.at(rs, e, "ruler", f, lambda m, L, t=task: est.ruler_task(m, t, L)),
+                               source="RULER")
+                    if c.ours is not None and not fl.measurable:
+                        c.nm = fl.reason
                 cells.append(c)
             t.add([pr["label"]], cells)
         if t.n_ours():
@@ -456,12 +485,13 @@ def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 if pr is not None:
                     c.has_paper, c.paper = paper.value("table9", key, lab, scale=pr["scale"])
                 if e is not None:
-                    c.ours = num(rs.pick(e, "ppl_pg19", series_getter("ppl", f)).value)
+                    c.fill(est.at(rs, e, "ppl_pg19", f), source="PPL")
                 cells.append(c)
             label = pr["label"] if pr is not None else (rs.spec["methods"].get(key) or {}).get("label", key)
-            t.add([label + ("" if e is not None else " (paper)"), f"{s:g}"], cells)
+            t.add([label + ("" if e is not None else " (paper)"), f"{s:g}"], cells, e)
     if t.n_ours() == 0:
         return None
+    t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
     return t
 
@@ -498,9 +528,10 @@ def _rows_table(rs: RowSet, paper: Paper, model: str, ptid: str, source: str, al
             cells.append(c)
         if e is not None and pr is None and all(c.ours is None for c in cells):
             continue
-        t.add([display_label(rs, pr, e)], cells)
+        t.add([display_label(rs, pr, e)], cells, e)
     if t.n_ours() == 0:
         return None
+    t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
     return t
 
@@ -529,6 +560,48 @@ def longrope_short_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                         "length (frozen: native window) in tokens."])
 
 
+# -- the README's "Measured here": PPL and passkey by length, every configuration, with intervals --------------------
+def _summary_order(rs: RowSet, e: Entry):
+    keys = list((rs.spec.get("methods") or {}).keys())
+    return (not e.frozen, attention(rs, e) != "exact", keys.index(e.method) if e.method in keys else len(keys),
+            e.label)
+
+
+def summary_table(rs: RowSet, paper: Paper, model: str, source: str = "passkey") -> Table | None:
+    """One row per configuration, one column per length (multiples of C): ours with its interval, no paper numbers
+    (the paper's lengths are 16x longer). ``source``: passkey | ppl_pg19."""
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    metric, scale, dec = ("accuracy", 1.0, 2) if source == "passkey" else ("ppl", 1.0, 1)
+    fs = sorted({f for e in ents for f in est.lengths_of(rs, e, source, metric)})
+    if not fs:
+        return None
+    name = "passkey accuracy" if source == "passkey" else "perplexity on held-out books (PG19 analogue)"
+    fl = est.floor(rs, model, "passkey") if source == "passkey" else est.Floor()
+    t = Table(f"summary_{'passkey' if source == 'passkey' else 'ppl'}_{model}", f"Measured here: {name} ({model})",
+              ["Method", "Training"] + [f"{f:g}C" for f in fs], label_cols=2,
+              notes=[f"C = {ents[0].native_ctx} tokens; ours only, each cell with its 95% interval."])
+    for e in ents:
+        cells = [Cell(decimals=dec).fill(est.at(rs, e, source, f), scale, "passkey" if source == "passkey" else "PPL")
+                 for f in fs]
+        if all(c.ours is None for c in cells):
+            continue
+        if not fl.measurable:
+            for c in cells:
+                c.nm = fl.reason if c.ours is not None else None
+        tr = "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
+                                        e.native_ctx else "fine-tuned")
+        t.add([e.label, tr], cells, e)
+    if not t.rows:
+        return None
+    t.legend = rs.legend(t.entries)
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
+def summary_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
+    return [t for t in (summary_table(rs, paper, model, "passkey"), summary_table(rs, paper, model, "ppl_pg19")) if t]
+
+
 BUILDERS = (table1, ppl_table, ruler_table, longbench_table, table9, entropy_abf_table, longrope_short_table)
 
 
@@ -537,7 +610,7 @@ def build_tables(rs: RowSet, paper: Paper, errors: list | None = None) -> list[T
     ``errors``) and skipped, so one malformed row never blocks the other tables."""
     out = []
     for model in rs.models():
-        for b in BUILDERS + (ruler_subtask_tables,):
+        for b in BUILDERS + (ruler_subtask_tables, summary_tables):
             try:
                 t = b(rs, paper, model)
             except Exception as ex:  # noqa: BLE001 - reported, not hidden

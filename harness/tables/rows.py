@@ -26,6 +26,19 @@ def load_yaml(path: str | Path) -> dict:
         return yaml.load(f, Loader=loader)
 
 
+def read_rows_in(directory: str | Path) -> list[dict]:
+    """Every intact row (``*.json``) directly in ``directory``: an archived study (``results/archive/<name>/``)."""
+    import sys
+
+    rows = []
+    for f in sorted(Path(directory).glob("*.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except (json.JSONDecodeError, OSError) as e:
+            print(f"warning: skipping unreadable row {f}: {e}", file=sys.stderr)
+    return rows
+
+
 def load_spec(path: str | Path | None = None) -> dict:
     return load_yaml(path or HERE / "spec.yaml")
 
@@ -86,10 +99,17 @@ def is_frozen(row: dict) -> bool:
     return cfg_t.get("enabled") is False
 
 
+STUDY_ROWS = {"NTK-64K-2B": "ntk_64k_2b"}  # a sweep point's ``study.row`` that names a paper row of its own
+
+
 def method_key(row: dict) -> str:
-    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k."""
+    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k,
+    and NTK-64K on 2x the tokens (``study.row: NTK-64K-2B``) as ntk_64k_2b."""
     m = row.get("method") or "?"
     mp = row.get("method_params") or {}
+    study_row = str(((row.get("config") or {}).get("study") or {}).get("row") or "")
+    if study_row in STUDY_ROWS:
+        return STUDY_ROWS[study_row]
     if m in ("ntk_dynamic", "ntk"):
         v = str(mp.get("variant") or "").lower().replace("-", "_")
         if v in ("ntk_32k", "ntk_64k", "ntk_frozen"):
@@ -170,6 +190,10 @@ class RowSet:
         self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
         self.running = [r for r in unfinished if liveness(r) != "stale"]
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
+        # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
+        # not the method: left out of every table and finding, named in a footnote
+        self.unconverged = [r for r in ok if _converged(r) is False]
+        ok = [r for r in ok if _converged(r) is not False]
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
@@ -185,27 +209,46 @@ class RowSet:
         self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
 
     def _label(self):
+        """Short, unique labels: the method's label from ``spec.yaml`` (the base model: its own name), `` (FT)`` for a
+        fine-tuned entry when a frozen entry has the same label, then `` #2``, `` #3`` (by first run time) when
+        configurations still collide. ``legend()`` says what each label stands for."""
         meths = self.spec.get("methods") or {}
         for e in self.entries:
-            e.label = (meths.get(e.method) or {}).get("label") or e.method
-        by = {}
+            e.label = str((meths.get(e.method) or {}).get("label") or e.method).format(model=e.model)
+            e.suffix = ""
+        by: dict = {}
         for e in self.entries:
             by.setdefault((e.model, e.label), []).append(e)
         for group in by.values():
-            if len(group) < 2:
-                continue
-            for field_name in ("train", "data", "protocol", "params"):
-                vals = {getattr(e, field_name) for e in group}
-                if len(vals) > 1:
-                    for e in group:
-                        v = getattr(e, field_name)
-                        if field_name == "params":
-                            v = ",".join(f"{k}={x}" for k, x in sorted(e.method_params.items())) or "default"
-                            e.suffix += f" [{v}]"
-                        else:
-                            e.suffix += f" [{'ppl' if field_name == 'protocol' else field_name}={v}]"
+            if len(group) > 1 and len({e.frozen for e in group}) > 1:
+                for e in group:
+                    if not e.frozen:
+                        e.suffix = " (FT)"
+            sub: dict = {}
             for e in group:
-                e.label += e.suffix
+                sub.setdefault(e.suffix, []).append(e)
+            for same in sub.values():
+                if len(same) > 1:
+                    for i, e in enumerate(sorted(same, key=lambda x: _sort_time(x.rows[-1]))):
+                        if i:
+                            e.suffix += f" #{i + 1}"
+        for e in self.entries:
+            e.label += e.suffix
+
+    def legend(self, entries) -> list[str]:
+        """One line per label: the method, how it was trained, its parameters (file paths shortened)."""
+        out, seen = [], set()
+        for e in entries:
+            if e is None or e.label in seen:
+                continue
+            seen.add(e.label)
+            tr = "frozen" if e.frozen else f"fine-tuned ({e.train}" + (f", {e.train_len} tokens" if e.train_len
+                                                                       else "") + ")"
+            ps = ", ".join(f"{k}={_short(v)}" for k, v in sorted(e.method_params.items())
+                           if k != "name" and not k.endswith("sha256"))
+            name = (e.newest.get("method") or e.method)
+            out.append(f"{e.label} = {name}, {tr}" + (f"; {ps}" if ps else ""))
+        return out
 
     def models(self) -> list[str]:
         return sorted({e.model for e in self.entries})
@@ -257,6 +300,11 @@ class RowSet:
             ids = ", ".join(sorted(str(r.get("run_id")) for r in self.failed)[:6])
             more = "" if len(self.failed) <= 6 else f" and {len(self.failed) - 6} more"
             notes.append(f"{len(self.failed)} failed run(s) ignored: {ids}{more}.")
+        unc = [r for r in self.unconverged if model is None or r.get("model") == model]
+        if unc:
+            rule = ((unc[0].get("train_info") or {}).get("convergence") or {}).get("rule", "")
+            notes.append(f"{len(unc)} fine-tuned row(s) left out, failed the convergence gate ({rule}): " + "; ".join(
+                f"{method_key(r)} {r.get('run_id')} ({_gate_text(r)})" for r in unc) + ".")
         if self.running:
             notes.append(f"{len(self.running)} unfinished run(s) (status running) ignored.")
         if self.stale:
@@ -264,6 +312,36 @@ class RowSet:
             notes.append(f"{len(self.stale)} stale run(s) ignored (status running, but the process is gone or its "
                          f"heartbeat stopped: killed): {ids}.")
         return notes
+
+
+def _converged(row: dict):
+    """The convergence gate's verdict recorded in the row (True / False), None when the row has none."""
+    g = (row.get("train_info") or {}).get("convergence") if isinstance(row.get("train_info"), dict) else None
+    return g.get("converged") if isinstance(g, dict) and isinstance(g.get("converged"), bool) else None
+
+
+def _gate_text(row: dict) -> str:
+    g = row["train_info"]["convergence"]
+    r, pk = g.get("ppl_ratio_vs_base") or {}, g.get("passkey") or {}
+    parts = []
+    if isinstance(r.get("value"), (int, float)):
+        parts.append(f"PPL ratio at C {r['value']:.2f}" + (f" [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
+                                                            if isinstance(r.get("ci"), list) else ""))
+    if isinstance(pk.get("value"), (int, float)):
+        parts.append(f"passkey at C {pk['value']:.2f}" + (f" [{pk['ci'][0]:.2f}, {pk['ci'][1]:.2f}]"
+                                                            if isinstance(pk.get("ci"), (list, tuple)) else ""))
+    return ", ".join(parts) or "no numbers"
+
+
+def _short(v) -> str:
+    """A parameter value for a legend: file paths by their name, floats without trailing zeros."""
+    if isinstance(v, str) and "/" in v:
+        return Path(v).name
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)) and len(v) > 4:
+        return f"[{len(v)} values]"
+    return str(v)
 
 
 def at_factor(series: dict | None, native: int | None, factor: float):

@@ -1,0 +1,298 @@
+"""Every number the tables, figures and findings show, with its sample size and 95% interval, read from the rows.
+
+An ``Est`` is a value, its interval, n and the per-sample scores behind it (so that two methods can be compared
+sample by sample). Where the row keeps per-sample scores (rows written since issue 20) they are used; older rows
+are read as far as they allow and say what is missing:
+
+- passkey: ``correct[L]`` (0/1 per prompt, prompt order, the same prompts for every method: paired); older rows:
+  the count ``accuracy x samples_per_length`` (exact for a proportion; unpaired). Wilson interval.
+- NIAH: ``grid[L]`` (one needle per depth, the same needles for every method: paired); Wilson on the summed
+  word-overlap scores (``harness.stats.bounded_interval``).
+- RULER: ``per_sample[task][L]`` (paired); older rows ran 1 sample per task, so each task's score is that sample.
+- PPL: ``per_sample[L]`` = per-window mean NLL (documents in order: paired); bootstrap over windows. Older rows
+  keep no per-document NLL: no interval, and the reason is given.
+- NLL by position: ``per_doc`` bucket means (paired) and the evaluator's band ``ci_lo`` / ``ci_hi``.
+
+``floor()`` decides whether an evaluator is measurable for a model at all (``spec.yaml: measurable``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness import stats
+from harness.tables.rows import Entry, RowSet, native_ctx, num
+
+
+@dataclass
+class Est:
+    value: float | None
+    lo: float | None = None
+    hi: float | None = None
+    n: int | None = None
+    unit: str = ""            # what n counts: prompts, documents, depths, samples
+    kind: str = ""            # proportion | bounded (0..top) | ppl | mean
+    samples: list | None = None   # per-sample scores (ppl: per-window NLL), sample order when ``paired``
+    paired: bool = False      # samples aligned across methods (same prompts / documents in the same order)
+    top: float = 1.0          # the scale of a bounded score (RULER: 100)
+    note: str = ""            # why there is no interval
+    run_id: str | None = None
+    keys: tuple = ()          # which lengths the samples come from (pairing needs the same keys)
+
+    @property
+    def ci(self):
+        return (self.lo, self.hi) if self.lo is not None and self.hi is not None else None
+
+
+def _series(m: dict, key: str, L) -> object:
+    s = m.get(key)
+    return s.get(str(L)) if isinstance(s, dict) else None
+
+
+# -- per evaluator, one suite entry's metrics at one length --------------------------------------------------------
+def passkey(m: dict, L) -> Est | None:
+    acc = num(_series(m, "accuracy", L))
+    if acc is None:
+        return None
+    corr = _series(m, "correct", L)
+    if isinstance(corr, list) and corr:
+        x, paired = [float(v) for v in corr], True
+    else:
+        n = m.get("samples_per_length")
+        if not isinstance(n, int) or n <= 0:
+            return Est(acc, kind="proportion", note="no sample count in the row")
+        k = int(round(acc * n))
+        x, paired = [1.0] * k + [0.0] * (n - k), False  # the count is exact; the prompt order is not kept
+    lo, hi = stats.wilson(sum(x), len(x))
+    return Est(acc, lo, hi, len(x), "prompts", "proportion", x, paired)
+
+
+def niah(m: dict, L) -> Est | None:
+    g = _series(m, "grid", L)
+    if not isinstance(g, dict) or not g:
+        v = num(_series(m, "score", L))
+        return Est(v, kind="bounded", note="no per-depth grid in the row") if v is not None else None
+    pts = sorted(((float(d), num(v)) for d, v in g.items()), key=lambda t: t[0])
+    x = [v for _, v in pts if v is not None]
+    if not x:
+        return None
+    est = stats.bounded_interval(x)
+    return Est(est[0], est[1], est[2], len(x), "depths", "bounded", x, True)
+
+
+def ruler_task(m: dict, task: str, L) -> Est | None:
+    series = (m.get("tasks") or {}).get(task)
+    v = num(series.get(str(L))) if isinstance(series, dict) else None
+    if v is None:
+        return None
+    ps = ((m.get("per_sample") or {}).get(task) or {}).get(str(L)) if isinstance(m.get("per_sample"), dict) else None
+    if isinstance(ps, list) and ps:
+        x, paired = [float(s) for s in ps], True
+    elif (m.get("samples_per_task") or 0) == 1:
+        x, paired = [v], False
+    else:
+        return Est(v, kind="bounded", top=100.0, note="per-sample scores not in the row")
+    est = stats.bounded_interval(x, 100.0)
+    return Est(v, est[1], est[2], len(x), "samples", "bounded", x, paired, top=100.0)
+
+
+def ruler_average(m: dict, L) -> Est | None:
+    v = num(_series(m, "average", L))
+    if v is None:
+        return None
+    over = (m.get("average_over") or {}).get(str(L)) or list((m.get("tasks") or {}).keys())
+    strata = []
+    for t in over:
+        e = ruler_task(m, t, L)
+        if e is None:
+            continue
+        if e.samples is None:
+            return Est(v, kind="bounded", top=100.0, note=e.note)
+        strata.append(e.samples)
+    if not strata:
+        return Est(v, kind="bounded", top=100.0, note="no task scores in the row")
+    est = stats.bounded_interval(strata, 100.0)
+    flat = [s for g in strata for s in g]
+    paired = isinstance(m.get("per_sample"), dict)
+    return Est(v, est[1], est[2], len(flat), "samples" if paired else "tasks (1 sample each)", "bounded",
+               flat, paired, top=100.0)
+
+
+def ppl(m: dict, L) -> Est | None:
+    v = num(_series(m, "ppl", L))
+    if v is None:
+        return None
+    x = _series(m, "per_sample", L)
+    docs = m.get("documents")
+    if not isinstance(x, list) or not x:
+        return Est(v, n=docs if isinstance(docs, int) else None, unit="documents", kind="ppl",
+                   note="per-document NLL not in the row")
+    x = [float(s) for s in x]
+    est = stats.ppl_interval(x)
+    if est is None:
+        return Est(v, n=len(x), unit="windows", kind="ppl", samples=x, paired=True,
+                   note=f"fewer than {stats.MIN_DOCS} windows")
+    scale = v / est[0] if est[0] else 1.0  # longlora protocol: 2.71828 ** mean
+    return Est(v, est[1] * scale, est[2] * scale, len(x), "documents" if m.get("protocol") != "longlora" else
+               "windows", "ppl", x, True)
+
+
+def pooled(ests: list[Est | None]) -> Est | None:
+    """Mean over lengths of a proportion or bounded score, with the interval of the pooled samples (equal n per
+    length: the mean of the per-length means is the pooled mean)."""
+    ests = [e for e in ests if e is not None]
+    if not ests:
+        return None
+    v = float(np.mean([e.value for e in ests]))
+    if any(e.samples is None for e in ests):
+        return Est(v, kind=ests[0].kind, top=ests[0].top, note=next(e.note for e in ests if e.samples is None))
+    top = ests[0].top
+    est = stats.bounded_interval([e.samples for e in ests], top)
+    flat = [s for e in ests for s in e.samples]
+    return Est(v, est[1], est[2], len(flat), ests[0].unit, ests[0].kind, flat, all(e.paired for e in ests), top,
+               keys=tuple(k for e in ests for k in e.keys))
+
+
+READERS = {"passkey": ("passkey", passkey), "niah": ("niah", niah), "ruler": ("ruler", ruler_average),
+           "ppl_pg19": ("ppl", ppl), "ppl_proofpile": ("ppl", ppl)}
+
+
+def at(rs: RowSet, e: Entry, source: str, factor: float, reader=None) -> Est | None:
+    """The newest row of ``e`` with a value for ``source`` at length factor x C, as an ``Est``."""
+    fn = reader or READERS[source][1]
+
+    def get(m, r):
+        c = native_ctx(r)
+        if not c:
+            return None
+        L = int(round(factor * c))
+        if abs(L / c - factor) > 1e-9:
+            return None
+        x = fn(m, L)
+        if x is not None:
+            x.keys = (L,)
+        return x
+
+    p = rs.pick(e, source, get)
+    x = p.value
+    if x is not None:
+        x.run_id = (p.row or {}).get("run_id")
+        if x.ci is None and x.value is not None and reader is None:
+            _from_records(rs, p, source, x)
+    return x
+
+
+JSONL = {"passkey": ("passkey", None), "niah": ("niah", None), "ruler": ("ruler", "task")}
+
+
+def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
+    """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
+    records (``samples/<entry>.jsonl``, ``harness.tables.bootstrap``), when they reproduce the row's number."""
+    from harness.tables import bootstrap as bs
+
+    if source not in JSONL or not x.keys:
+        return
+    ev, group = JSONL[source]
+    sspec = (rs.spec.get("samples") or {}).get(ev)
+    if not sspec:
+        return
+    bsp = rs.spec.get("bootstrap") or {}
+    ci = bs.interval_for(p.row, [p.entry_key, ev], sspec["score"], {sspec["length"]: x.keys[0]},
+                         sspec.get(group) if group else None, x.value, bsp.get("resamples", 1000), bsp.get("seed", 0))
+    if ci is not None:
+        x.lo, x.hi, x.note = ci[0], ci[1], ""
+
+
+def lengths_of(rs: RowSet, e: Entry, source: str, metric: str) -> list[float]:
+    """Length factors (multiples of C) at which ``e`` has ``metric`` for ``source``."""
+    fs = set()
+    for r in e.rows:
+        c = native_ctx(r)
+        for k in rs.entry_keys(r, source):
+            s = (r["metrics"][k] or {}).get(metric)
+            if isinstance(s, dict) and c:
+                for L in s:
+                    try:
+                        fs.add(int(L) / c)
+                    except (TypeError, ValueError):
+                        pass
+    return sorted(fs)
+
+
+# -- floors and ceilings ------------------------------------------------------------------------------------------
+METRIC = {"passkey": "accuracy", "niah": "score", "ruler": "average"}
+
+
+@dataclass
+class Floor:
+    measurable: bool = True
+    reason: str = ""
+    base: Est | None = None
+    threshold: float | None = None
+    values: list = field(default_factory=list)
+
+
+def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor:
+    """Is ``source`` (passkey | niah | ruler; ``task``: one RULER task) measurable for ``model``? The rule:
+    ``spec.yaml: measurable`` (the base at C below the threshold, or every method at chance / at the ceiling)."""
+    rule = (rs.spec.get("measurable") or {}).get(source)
+    if not rule:
+        return Floor()
+    thr, chance, ceil = rule.get("threshold"), rule.get("chance"), rule.get("ceiling")
+    reader = (lambda m, L: ruler_task(m, task, L)) if task else READERS[source][1]
+    metric = METRIC[source]
+    ents = rs.for_model(model)
+    unit = f" {task}" if task else ""
+    values = []
+    for e in ents:
+        for f in (lengths_of(rs, e, source, metric) if not task else _task_factors(rs, e, task)):
+            x = at(rs, e, source, f, reader)
+            if x is not None and x.value is not None and math.isfinite(x.value):
+                values.append((e, f, x))
+    out = Floor(threshold=thr, values=values)
+    base = [e for e in ents if e.method == "base" and e.frozen]
+    if base and thr is not None:
+        bv = sorted([(f, x) for e, f, x in values if e is base[0]], key=lambda t: t[0])
+        at_c = [t for t in bv if abs(t[0] - 1) < 1e-9] or [t for t in bv if t[0] >= 1] or bv
+        if at_c:
+            f, x = at_c[0]
+            out.base = x
+            where = "C" if abs(f - 1) < 1e-9 else f"{f:g}C (its shortest length: the task does not fit in C)"
+            if x.value < thr:
+                out.measurable = False
+                out.reason = (f"{source}{unit}: the base model ({base[0].label}) scores {_fmt(x)} at {where}, below "
+                              f"the threshold {thr:g}")
+                return out
+    if values and chance is not None and all(x.value <= chance for _, _, x in values):
+        out.measurable = False
+        out.reason = f"{source}{unit}: every method scores {chance:g} at every length"
+    elif values and ceil is not None and all(x.value >= ceil - 1e-9 for _, _, x in values):
+        out.measurable = False
+        out.reason = f"{source}{unit}: every method is at the ceiling ({ceil:g}) at every length"
+    return out
+
+
+def _task_factors(rs: RowSet, e: Entry, task: str) -> list[float]:
+    fs = set()
+    for r in e.rows:
+        c = native_ctx(r)
+        for k in rs.entry_keys(r, "ruler"):
+            s = ((r["metrics"][k] or {}).get("tasks") or {}).get(task)
+            if isinstance(s, dict) and c:
+                fs |= {int(L) / c for L in s if str(L).isdigit()}
+    return sorted(fs)
+
+
+def _fmt(x: Est) -> str:
+    d = 2 if x.top == 1.0 else 1
+    s = f"{x.value:.{d}f}"
+    if x.ci:
+        s += f" [{x.lo:.{d}f}, {x.hi:.{d}f}]"
+    if x.n:
+        s += f" (n = {x.n} {x.unit})".replace(" )", ")")
+    return s
+
+
+fmt = _fmt

@@ -1,0 +1,36 @@
+"""`make findings`: results/findings.md from results/runs/*.json (the paper's twelve findings, coded verdicts).
+
+    python scripts/make_findings.py [--results results] [--out results/findings.md] [--model tiny_llama]
+    python scripts/make_findings.py --runs results/archive/<study> --out results/archive/<study>/findings.md
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(ROOT / "results"), help="results directory (reads <results>/runs/)")
+    ap.add_argument("--out", default=None, help="output file (default <results>/findings.md)")
+    ap.add_argument("--model", default=None, help="model to test (default: the one with the most configurations)")
+    ap.add_argument("--runs", default=None, help="read the rows (*.json) from this directory instead of <results>/runs")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    from harness.tables.findings import write
+
+    p = write(a.results, a.out, a.model, a.runs)
+    text = p.read_text()
+    verdicts = [line.rsplit("| **", 1)[-1].split("**")[0] for line in text.splitlines() if line.startswith("| (")]
+    print(f"{p}: {len(verdicts)} findings ({', '.join(f'{v} {verdicts.count(v)}' for v in dict.fromkeys(verdicts))})"
+          f" in {time.time() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

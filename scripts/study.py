@@ -1,0 +1,104 @@
+"""`make study`: the whole tiny study in one command, resumable: every sweep point of the experiment runs unless a
+row with status ``ok`` and the same config hash already exists, then `make tables` and `make findings`.
+
+    python scripts/study.py                                  # experiment=tiny_study, every point
+    python scripts/study.py experiment=tiny_study point=tiny_study/base,tiny_study/pi   # a subset
+    python scripts/study.py --dry-run                        # the plan: which points run, which are done
+
+The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
+``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
+the recipe, the suite, the seed. Failed or stale rows never count as done. Each point runs in its own process
+(``python run.py <overrides>``); a failed point is reported and the sweep goes on. Progress, the elapsed time and an
+estimate of the time left are printed after every point, the total wall time at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def hms(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def plan(argv: list[str]) -> tuple[list[dict], str]:
+    """[{overrides, hash, done (run id or None), label}] for every job of ``run.py -m <argv>``, and the results dir."""
+    from omegaconf import OmegaConf
+
+    from harness import conf_utils, sweeps
+    from harness.results import config_hash, read_rows
+
+    jobs = sweeps.expand(argv)
+    results_dir = None
+    out = []
+    for ov in jobs:
+        cfg = conf_utils.compose(ov)
+        results_dir = results_dir or str(cfg.paths.results_dir)
+        h = config_hash(OmegaConf.to_container(cfg, resolve=True))
+        label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)
+        out.append({"overrides": ov, "hash": h, "label": label, "done": None})
+    done = {}
+    for r in read_rows(results_dir or "results"):
+        if r.get("status") == "ok" and r.get("config_hash"):
+            done.setdefault(r["config_hash"], r.get("run_id"))
+    for j in out:
+        j["done"] = done.get(j["hash"])
+    return out, results_dir or "results"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: experiment=tiny_study)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    ap.add_argument("--no-report", action="store_true", help="skip make tables / make findings at the end")
+    ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
+    a = ap.parse_args(argv)
+    argv = list(a.overrides)
+    if not any(x.startswith("experiment=") for x in argv):
+        argv = ["experiment=tiny_study"] + argv
+    t0 = time.time()
+    jobs, results_dir = plan(argv)
+    todo = [j for j in jobs if not j["done"]]
+    print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
+          f"config hash in {results_dir}/runs), {len(todo)} to run", flush=True)
+    for i, j in enumerate(jobs, 1):
+        print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {'done: ' + j['done'] if j['done'] else 'to run'}"
+              f"  (config {j['hash']})", flush=True)
+    if a.dry_run:
+        return 0
+    failed, times = [], []
+    for k, j in enumerate(todo, 1):
+        t = time.time()
+        print(f"\n== [{k}/{len(todo)}] {j['label']} (elapsed {hms(t - t0)})", flush=True)
+        r = subprocess.run([sys.executable, str(ROOT / "run.py")] + j["overrides"], cwd=ROOT, env=os.environ.copy())
+        dt = time.time() - t
+        times.append(dt)
+        left = (len(todo) - k) * (sum(times) / len(times))
+        status = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
+        if r.returncode:
+            failed.append(j["label"])
+        print(f"== [{k}/{len(todo)}] {j['label']}: {status} in {hms(dt)}; elapsed {hms(time.time() - t0)}, "
+              f"about {hms(left)} left", flush=True)
+    if not a.no_report:
+        from scripts.make_findings import main as findings
+        from scripts.make_tables import main as tables
+
+        print("\n== make tables", flush=True)
+        tables(["--results", results_dir] + (["--no-figures"] if a.no_figures else []))
+        print("== make findings", flush=True)
+        findings(["--results", results_dir])
+    print(f"\nstudy: {len(todo) - len(failed)} points run, {len(jobs) - len(todo)} skipped (done), {len(failed)} "
+          f"failed{': ' + ', '.join(failed) if failed else ''}; wall time {hms(time.time() - t0)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

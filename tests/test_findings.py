@@ -1,0 +1,216 @@
+"""`make findings`: the coded verdict rule, fed synthetic rows for each verdict of each of the twelve findings.
+
+Three synthetic studies (tiny_llama-like, C = 256, lengths C..16C, 50 passkey prompts per length, 8 documents per
+PPL cell, per-document NLL by position): one where every claim of the paper holds by a wide margin ("paper"), one
+where every claim is reversed ("opposite") and one where every quantity sits exactly on its margin ("null"). The
+rule must call them reproduced / not reproduced / inconclusive, finding by finding; a missing row must give
+"inconclusive (no rows: ...)", never a verdict.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness import stats  # noqa: E402
+from harness.tables import findings as fd  # noqa: E402
+from harness.tables.rows import RowSet, load_spec  # noqa: E402
+
+C = 256
+FACTORS = (1, 2, 4, 8, 16)
+N = 50                                   # passkey prompts per length
+DOC = np.linspace(-0.2, 0.2, 8)          # per-document offsets shared by every method (documents are paired)
+
+
+def noise(method: str) -> np.ndarray:
+    """Zero-mean, method-specific per-document noise: paired differences have a spread but an exact mean."""
+    rng = np.random.default_rng(sum(map(ord, method)))
+    e = rng.normal(0, 0.03, 8)
+    return e - e.mean()
+
+
+def row(method: str, acc, nll, *, frozen: bool, train_len: int | None = None, nllpos=(4.0, 4.5), key=None,
+        study_row: str | None = None, attention_exact=True) -> dict:
+    """A results row: passkey accuracy per length factor (exact counts of N, the first k prompts correct: paired),
+    mean NLL per length factor (8 documents), NLL by position (mean over positions <= C, > C)."""
+    lengths = [int(f * C) for f in FACTORS]
+    e = noise(key or method)
+    correct = {str(L): [1] * int(round(a * N)) + [0] * (N - int(round(a * N))) for L, a in zip(lengths, acc)}
+    per_sample = {str(L): list(m + DOC + noise(f"{key or method}{L}")) for L, m in zip(lengths, nll)}
+    ppl = {L: math.exp(float(np.mean(v))) for L, v in per_sample.items()}
+    pos = list(range(1, 16 * C, 128))
+    per_doc = [[(nllpos[0] if p <= C else nllpos[1]) + DOC[i] + e[i] for p in pos] for i in range(8)]
+    metrics = {
+        "ppl_books": {"ppl": ppl, "per_sample": per_sample, "protocol": "yarn", "documents": 8, "skipped": {}},
+        "passkey": {"accuracy": {L: sum(v) / N for L, v in correct.items()}, "correct": correct,
+                    "samples_per_length": N, "skipped": {}},
+        "nll_by_position": {"positions": pos, "nll": list(np.mean(per_doc, axis=0)), "per_doc": per_doc,
+                            "length": 16 * C, "documents": 8},
+    }
+    suite = {k: {"name": {"ppl_books": "ppl"}.get(k, k)} for k in metrics}
+    run_id = f"{key or method}-{'f' if frozen else 't'}"
+    return {"schema": 1, "run_id": run_id, "status": "ok", "model": "tiny_llama", "method": method, "data": "local_mix",
+            "train": "none" if frozen else "tiny", "eval": "tiny", "method_params": {"name": method},
+            "train_info": None if frozen else {"seq_len": train_len}, "metrics": metrics,
+            "time_start": "2026-01-01T00:00:00", "time_end": "2026-01-01T00:00:00",
+            "config": {"model": {"name": "tiny_llama", "native_ctx": C},
+                       "train": {"enabled": not frozen, "seq_len": train_len or C},
+                       "eval": {"name": "tiny", "suite": suite},
+                       "study": {"row": study_row} if study_row else {}},
+            "config_hash": "x", "run_dir": None}
+
+
+L2 = math.log(2.0)
+
+
+def world(kind: str) -> list[dict]:
+    """Synthetic studies. ``paper``: every claim holds; ``opposite``: every claim reversed; ``null``: every quantity
+    exactly on its margin (0 for differences, 1.25 for (f)'s flatness, 1.10 for (k), -0.25 for (i))."""
+    T, S = 8 * C, 16 * C
+    if kind == "paper":
+        spec = {  # method: (frozen, train_len, passkey by factor, NLL by factor, NLL by position (<=C, >C))
+            "base": (True, None, [1, 0, 0, 0, 0], [4.0, 4.5, 5.0, 5.2, 5.5], (3.9, 5.0)),
+            "ntk_frozen": (True, None, [1, 1, 0, 0, 0], [4.0, 4.1, 4.6, 4.8, 5.0], (3.9, 4.6)),
+            "self_extend": (True, None, [1, 1, 1, 1, 1], [4.0] * 5, (3.9, 4.0)),
+            "lm_infinite": (True, None, [1, .1, .1, .1, .1], [4.0] * 5, (3.9, 4.0)),
+            "pi": (False, T, [1, 1, 1, 1, 0], [4.02, 3.9, 3.85, 3.8, 4.5], (4.0, 3.9)),
+            "yarn": (False, T, [1, 1, 1, 1, 0], [4.02, 3.9, 3.85, 3.8, 4.5], (4.0, 3.8)),
+            "clex": (False, T, [1, 1, 1, .5, .2], [4.03, 3.9, 3.85, 3.82, 3.9], (4.0, 3.9)),
+            "ntk_32k": (False, T, [1, 1, 1, 1, 1], [4.01, 3.88, 3.83, 3.78, 3.8], (4.0, 3.7)),
+            "ntk_64k": (False, S, [1, .4, .4, .4, .4], [4.05, 4.0, 4.0, 4.1, 4.1], (4.0, 4.0)),
+            "ntk_64k_2b": (False, S, [1, 1, 1, 1, 1], [4.01, 3.88, 3.83, 3.79, 3.8], (4.0, 3.7)),
+            "longlora": (False, T, [.2, .2, .2, .2, 0], [4.5, 4.4, 4.4, 4.4, 4.6], (4.4, 4.4)),
+            "landmark": (False, 2 * C, [1, .2, .2, 0, 0], [4.1, 4.0, 4.0, 4.0, 4.0], (4.0, 4.0)),
+        }
+    elif kind == "opposite":
+        spec = {
+            "base": (True, None, [1, 1, 1, 1, 1], [4.0, 4.5, 5.0, 5.0, 5.5], (4.2, 3.5)),
+            "ntk_frozen": (True, None, [1, 0, 1, 1, 1], [4.0, 4.1, 4.4, 4.5, 4.6], (4.2, 3.5)),
+            "self_extend": (True, None, [.5] * 5, [4.0] * 5, (4.2, 3.5)),
+            "lm_infinite": (True, None, [0, 1, 1, 1, 1], [4.0, 4.3, 4.5, 4.0 + L2, 4.8], (4.2, 3.5)),
+            "pi": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.8, 4.8, 4.9, 4.5], (3.9, 4.0)),
+            "yarn": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.7, 4.7, 4.8, 4.5], (3.9, 4.0)),
+            "clex": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.6, 4.6, 4.7, 4.6], (3.9, 4.0)),
+            "ntk_32k": (False, T, [.2] * 5, [4.0 + math.log(1.5), 4.0, 4.0, 4.1, 4.1], (3.9, 4.0)),
+            "ntk_64k": (False, S, [.4] * 5, [4.5, 4.3, 4.3, 4.3, 4.3], (3.9, 4.0)),
+            "ntk_64k_2b": (False, S, [0] * 5, [4.5, 3.9, 3.9, 3.9, 3.9], (3.9, 4.0)),
+            "longlora": (False, T, [1] * 5, [3.5, 3.2, 3.1, 3.0, 3.0], (3.9, 4.0)),
+            "landmark": (False, 2 * C, [0, 1, 1, 1, 1], [4.1, 4.0, 4.0, 4.0, 4.0], (3.9, 4.0)),
+        }
+    else:  # null
+        flat = [4.0, 4.0, 4.0, 4.0, 4.0]
+        spec = {m: (fz, tl, [.5] * 5, list(flat), (4.0, 4.0)) for m, fz, tl in (
+            ("base", True, None), ("ntk_frozen", True, None), ("self_extend", True, None), ("pi", False, T),
+            ("yarn", False, T), ("clex", False, T), ("ntk_32k", False, T), ("ntk_64k", False, S),
+            ("ntk_64k_2b", False, S), ("longlora", False, T), ("landmark", False, 2 * C))}
+        spec["lm_infinite"] = (True, None, [.5] * 5, [4.0, 4.0, 4.0, 4.0 + math.log(1.25), 4.0], (4.0, 4.0))
+        for m in ("pi", "yarn", "clex", "ntk_32k"):   # (k): PPL at C exactly 1.10 x the base's
+            spec[m][3][0] = 4.0 + math.log(1.10)
+    rows = []
+    for m, (fz, tl, acc, nll, pos) in spec.items():
+        method = {"ntk_64k_2b": "ntk_64k"}.get(m, m)
+        rows.append(row(method, acc, nll, frozen=fz, train_len=tl, nllpos=pos, key=m,
+                        study_row="NTK-64K-2B" if m == "ntk_64k_2b" else None))
+    return rows
+
+
+def verdicts(rows) -> dict:
+    rs = RowSet(rows, load_spec())
+    fs, _ = fd.evaluate(rs, "tiny_llama")
+    return {f.key: f for f in fs}
+
+
+KEYS = "abcdefghijkl"
+
+
+@pytest.mark.parametrize("kind,expected", [("paper", fd.REPRODUCED), ("opposite", fd.NOT_REPRODUCED),
+                                           ("null", fd.INCONCLUSIVE)])
+def test_every_finding_gets_each_verdict(kind, expected):
+    got = verdicts(world(kind))
+    assert sorted(got) == list(KEYS)
+    wrong = {k: (f.result, f.reason, [p.text() for p in f.parts]) for k, f in got.items() if f.result != expected}
+    assert not wrong, wrong
+    for f in got.values():                                  # every verdict rests on intervals it prints
+        assert all(p.ci is not None or p.why for p in f.parts)
+
+
+def test_missing_rows_are_inconclusive_never_a_verdict():
+    rows = [r for r in world("paper") if r["run_id"] not in ("ntk_64k_2b-t", "lm_infinite-f", "base-f")]
+    got = verdicts(rows)
+    assert got["j"].result == fd.INCONCLUSIVE and "no rows: ntk_64k_2b" in got["j"].reason
+    assert got["f"].result == fd.INCONCLUSIVE and "no rows: lm_infinite" in got["f"].reason
+    assert got["k"].result == fd.INCONCLUSIVE and "no rows" in got["k"].reason and "base" in got["k"].reason
+    # no rows at all: every finding inconclusive
+    assert {f.result for f in verdicts([]).values()} == {fd.INCONCLUSIVE}
+
+
+def test_rows_without_per_sample_scores_give_no_verdict_on_ppl():
+    rows = world("paper")
+    for r in rows:
+        r["metrics"]["ppl_books"].pop("per_sample")             # a row written before issue 20
+    got = verdicts(rows)
+    for k in "chk":
+        assert got[k].result == fd.INCONCLUSIVE and "per-document NLL not in the rows" in got[k].reason, k
+
+
+def test_part_rule():
+    P = fd.Part
+    assert P("x", (0.3, 0.1, 0.5)).verdict() == fd.REPRODUCED
+    assert P("x", (-0.3, -0.5, -0.1)).verdict() == fd.NOT_REPRODUCED
+    assert P("x", (0.1, -0.1, 0.3)).verdict() == fd.INCONCLUSIVE
+    assert P("x", (0.3, 0.1, 0.5), direction=-1).verdict() == fd.NOT_REPRODUCED
+    assert P("x", (1.05, 1.01, 1.08), direction=-1, margin=1.10).verdict() == fd.REPRODUCED   # below the margin
+    assert P("x", (1.05, 1.01, 1.12), direction=-1, margin=1.10).verdict() == fd.INCONCLUSIVE
+    assert P("x", None, why="no rows: pi").verdict() == fd.INCONCLUSIVE
+    assert fd.verdict([P("a", (1, .5, 1.5)), P("b", (-1, -1.5, -.5))])[0] == fd.NOT_REPRODUCED
+    assert fd.verdict([P("a", (1, .5, 1.5)), P("b", None, why="no rows: x")]) == (fd.INCONCLUSIVE, "no rows: x")
+    assert fd.verdict([P("a", (1, .5, 1.5)), P("b", (2, 1, 3))]) == (fd.REPRODUCED, "")
+
+
+def test_intervals_behind_the_rule():
+    # Wilson never collapses at 0/n, n/n; Newcombe's difference (unpaired: Newcombe 1998 Table II example)
+    assert stats.wilson(0, 5)[1] == pytest.approx(0.4345, abs=1e-4) and stats.wilson(5, 5)[0] == pytest.approx(0.5655,
+                                                                                                            abs=1e-4)
+    d, lo, hi = stats.newcombe_diff([1] * 56 + [0] * 14, [1] * 48 + [0] * 32)
+    assert (round(lo, 4), round(hi, 4)) == (0.0524, 0.3339)
+    # paired with phi = 0 is the unpaired interval; positive association narrows it; it always contains the estimate
+    a = [1] * 30 + [0] * 20
+    b = [1] * 25 + [0] * 25
+    up, pa = stats.newcombe_diff(a, b), stats.newcombe_diff(a, b, paired=True)
+    assert pa[0] == up[0] and pa[2] - pa[1] < up[2] - up[1] and pa[1] <= pa[0] <= pa[2]
+    # coverage of the paired interval on correlated binary pairs is near 95%
+    rng = np.random.default_rng(0)
+    cover = 0
+    for _ in range(400):   # p_a = 0.6; p_b = P(z + e < 0.5) = 0.5 (e symmetric): the true difference is 0.1
+        z = rng.random(60)
+        x, y = (z < 0.6).astype(float), (z + rng.normal(0, 0.15, 60) < 0.5).astype(float)
+        _, lo, hi = stats.newcombe_diff(x, y, paired=True)
+        cover += lo <= 0.1 <= hi
+    assert cover / 400 > 0.9
+    # a PPL interval needs 3 documents; paired ratio of identical documents is 1 exactly
+    assert stats.ppl_interval([4.0, 4.1]) is None
+    r = stats.ppl_ratio([4.0, 4.1, 4.2], [4.0, 4.1, 4.2])
+    assert r == (1.0, 1.0, 1.0)
+    rho = stats.spearman_interval(list(range(10)), list(range(10))[::-1])
+    assert rho[0] == pytest.approx(-1.0) and rho[2] == pytest.approx(-1.0)
+
+
+def test_make_findings_script(tmp_path):
+    res = tmp_path / "results"
+    (res / "runs").mkdir(parents=True)
+    for r in world("paper"):
+        (res / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_findings.py"), "--results", str(res)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    md = (res / "findings.md").read_text()
+    assert md.count("**reproduced**") == 12 and "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
+    assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md

@@ -1,0 +1,39 @@
+"""`make study`: a point runs once; run again, the point whose row has the same config hash is skipped (the hash
+the study computes is the one run.py writes into the row), and the tables and findings are written at the end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+# one cheap point of tiny_study: the frozen base on the quick suite at 2 short lengths
+OVERRIDES = ["experiment=tiny_study", "point=tiny_study/base", "eval=quick", "eval.lengths=[128,256]",
+             "eval.suite.passkey.samples=2", "eval.suite.ppl_books.samples=1"]
+
+
+def test_study_runs_then_skips_by_config_hash(tmp_path):
+    env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),
+               HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, str(ROOT / "scripts" / "study.py")] + OVERRIDES
+    first = subprocess.run(cmd + ["--no-figures"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert "1 points, 0 already done" in first.stdout and "1 points run, 0 skipped" in first.stdout
+    assert "wall time" in first.stdout and "make findings" in first.stdout
+    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
+    assert len(rows) == 1 and rows[0]["status"] == "ok"
+    assert (tmp_path / "results" / "findings.md").exists() and (tmp_path / "results" / "tables" / "index.md").exists()
+    # the hash the study computes for the point is the one run.py wrote
+    h = rows[0]["config_hash"]
+    assert f"(config {h})" in first.stdout
+    second = subprocess.run(cmd + ["--no-report"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "1 already done" in second.stdout and f"done: {rows[0]['run_id']}" in second.stdout
+    assert "0 points run, 1 skipped" in second.stdout
+    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 1
+    # a changed config (another seed) is not the same point: it would run
+    dry = subprocess.run(cmd + ["seed=1", "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert dry.returncode == 0 and "0 already done" in dry.stdout and "1 to run" in dry.stdout

@@ -26,8 +26,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup ## the embedded default: frozen base, then YaRN fine-tuned at 8C; two rows, the second compared with the first
-	$(PY) run.py method=base train=none
-	$(PY) run.py
+	$(PY) run.py method=base train=none eval=run
+	$(PY) run.py method=yarn train=quick eval=run
 
 test: setup ## the default test tier (fast; includes the e2e smoke and the 2-rank ZeRO-3 test)
 	$(PY) -m pytest -q

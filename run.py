@@ -51,8 +51,8 @@ def main(cfg: DictConfig) -> None:
     report.print_summary(row)
     for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
         if line:
-            report.out.print(line)
-    report.out.print(f"row: {results.row_path(cfg.paths.results_dir, row['run_id'])}")
+            report.out.print(line, soft_wrap=True)
+    report.out.print(f"row: {results.row_path(cfg.paths.results_dir, row['run_id'])}", soft_wrap=True)
 
 
 def _sharded(cfg: DictConfig) -> None:

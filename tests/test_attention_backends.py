@@ -129,7 +129,7 @@ def test_backend_selection_and_validation():
 @pytest.mark.parametrize("float_shift", [False, True])
 def test_self_extend_flex_equals_reference_prefill_decode_grads(float_shift):
     ids = ids_of()
-    kw = dict(window=8, group=3, float_shift=float_shift, block_q=16, block_k=16)
+    kw = dict(window=0.25, group=3, float_shift=float_shift, block_q=16, block_k=16)
     ref, _, _ = model_with("self_extend", "reference", **kw)
     fus, _, _ = model_with("self_extend", "flex", **kw)
     r, f = prefill_and_decode(ref, ids, 60, 4), prefill_and_decode(fus, ids, 60, 4)
@@ -141,7 +141,7 @@ def test_self_extend_flex_equals_reference_prefill_decode_grads(float_shift):
 
 
 def test_self_extend_flex_with_right_and_left_padding():
-    kw = dict(window=8, group=4, block_q=8, block_k=8)
+    kw = dict(window=0.25, group=4, block_q=8, block_k=8)  # 0.25 C = 8 tokens
     ref, _, _ = model_with("self_extend", "reference", **kw)
     fus, _, _ = model_with("self_extend", "flex", **kw)
     ids = ids_of(2, 30, seed=3)
@@ -161,7 +161,7 @@ def test_self_extend_flex_with_right_and_left_padding():
 # ------------------------------------------------------------------------------------------------ LM-Infinite
 def test_lm_infinite_flex_equals_reference_prefill_decode_grads_padding():
     ids = ids_of()
-    kw = dict(n_global=3, n_local=16, limit_distance=12, block_q=16, block_k=16)
+    kw = dict(n_global=3, n_local=0.5, limit_distance=0.375, block_q=16, block_k=16)  # 16 and 12 tokens at C = 32
     ref, _, _ = model_with("lm_infinite", "reference", **kw)
     fus, _, _ = model_with("lm_infinite", "flex", **kw)
     r, f = prefill_and_decode(ref, ids, 60, 4), prefill_and_decode(fus, ids, 60, 4)

@@ -172,7 +172,7 @@ def test_resume_key_follows_what_changes_results(monkeypatch):
     key = pipeline.resume_key(cfg)
     for override in ("train.save_every=3", "++train.log_every=1", "train.keep_checkpoints=true", "data.cache_dir=/x"):
         assert pipeline.resume_key(compose(["train=tiny", override])) == key, override
-    for override in ("train.lr=1e-3", "method=yarn", "data.seed=1", "model.native_ctx=128"):
+    for override in ("train.lr=1e-3", "method=pi", "data.seed=1", "model.native_ctx=128"):
         assert pipeline.resume_key(compose(["train=tiny", override])) != key, override
     monkeypatch.setattr(codeversion, "train_code_version", lambda: {"code": "after-a-fix"})
     assert pipeline.resume_key(cfg) != key  # a re-run after a code change never resumes old weights

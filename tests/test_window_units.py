@@ -176,7 +176,7 @@ BAD = {  # overrides -> (substrings the one line must contain)
     "eval length 0": (["eval.lengths=[0]"], ["eval.lengths", "valid"]),
     "eval length 1e8": (["eval.lengths=[100000000]"], ["eval.lengths", "valid", "1024 x the native window"]),
     "eval length not integer": (["eval.lengths=[300.5]"], ["eval.lengths", "valid"]),
-    "niah length 1e8": (["eval.suite.niah.context_lengths=[1000,100000000,3]"], ["niah", "valid"]),
+    "niah length 1e8": (["eval=tiny", "eval.suite.niah.context_lengths=[1000,100000000,3]"], ["niah", "valid"]),
     "niah buffer": (["eval=tiny", "eval.suite.niah.buffer=100000"], ["buffer", "valid"]),
     "schedule typo": (["train.schedule=cosinee"], ["schedule", "cosine", "valid"]),
     "train autocast": (["train.autocast=fp8"], ["autocast", "bfloat16", "valid"]),

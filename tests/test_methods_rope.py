@@ -391,13 +391,13 @@ def test_default_factors_file_is_yarn_ramp_initialisation():
     data = json.loads(DEFAULT_FILE.read_text())
     assert set(data) >= {"short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings",
                          "provenance"}
-    assert (data["original_max_position_embeddings"], data["max_position_embeddings"]) == (256, 2048)
+    assert (data["original_max_position_embeddings"], data["max_position_embeddings"]) == (512, 4096)
     assert "NOT a searched" in data["provenance"]["source"]
-    inv, _, _ = yarn_reference(64, 1000.0, 256, 8.0)
+    inv, _, _ = yarn_reference(64, 500.0, 512, 8.0)
     lam = torch.tensor(data["long_factor"])
     assert len(lam) == 32 and bool((lam.diff() >= 0).all()) and lam.min() >= 1 and lam.max() <= 8
     # lambda = s*ramp + (1 - ramp): 1 where YaRN extrapolates, s where it interpolates
-    theta = default_inv_freq(1000.0, 64)
+    theta = default_inv_freq(500.0, 64)
     assert torch.equal(torch.isclose(inv, theta), lam == 1.0)
     assert torch.equal(torch.isclose(inv, theta / 8), lam == 8.0)
 
@@ -653,10 +653,10 @@ def test_every_method_registered_runs_and_saves_params(name, tmp_path):
     node = group_defaults("method", name)
     assert node["name"] == name
     meth = build_method(node)
-    model = random_llama(hidden=256, heads=4, layers=1, ctx=256, theta=1000.0)  # tiny_llama's RoPE geometry
-    meth.apply(ModelHandle(model, None, "random", 256, {}))
+    model = random_llama(hidden=256, heads=4, layers=1, ctx=512, theta=500.0)  # tiny_llama's RoPE geometry
+    meth.apply(ModelHandle(model, None, "random", 512, {}))
     with torch.no_grad():
-        out = model(torch.randint(3, 256, (1, 300))).logits
+        out = model(torch.randint(3, 256, (1, 600))).logits
     assert torch.isfinite(out).all()
     save_method(tmp_path, meth)
     check_checkpoint_method(tmp_path, build_method(node))  # same parameters: accepted

@@ -229,7 +229,7 @@ def test_longrope_factors_for_another_window_are_refused_before_loading(monkeypa
     monkeypatch.setattr("harness.pipeline.build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     cfg = conf_utils.compose(["method=longrope", "model=llama2_7b", "train=none"])
     pipeline.validate(cfg, data=False)  # the file is data: checked where the run happens
-    with pytest.raises(ConfigError, match="factors file .* is for C=256, the model's native window is 4096"):
+    with pytest.raises(ConfigError, match="factors file .* is for C=512, the model's native window is 4096"):
         pipeline.validate(cfg)
 
 

@@ -17,8 +17,8 @@ script passes ``start_token_idx``; methods.md section 8.1). Those cached keys ar
 
 Factors file (shared with the LongRoPE search helper): JSON ``{"short_factor": [d/2], "long_factor": [d/2],
 "original_max_position_embeddings": C, "max_position_embeddings": target, "attention_factor"?: float, "n_hat"?: int,
-"provenance": {...}}``. ``factors: ""`` = the shipped default for tiny_llama 256 -> 2048
-(``harness/assets/longrope/tiny_llama_256_2048.json``: long factors initialised from the YaRN ramp exactly as the
+"provenance": {...}}``. ``factors: ""`` = the shipped default for tiny_llama 512 -> 4096
+(``harness/assets/longrope/tiny_llama_512_4096.json``: long factors initialised from the YaRN ramp exactly as the
 original search initialises its population, short factors 1; not a searched result, its provenance says so).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from harness.methods.rope import (KV_CACHE_MODES, default_inv_freq, make_length_
                                   rotary_modules, set_rope_parameters)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "longrope"
-DEFAULT_FILE = ASSETS / "tiny_llama_256_2048.json"
+DEFAULT_FILE = ASSETS / "tiny_llama_512_4096.json"
 REQUIRED_KEYS = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
 
 

@@ -69,11 +69,11 @@ def summary(row: dict) -> Table:
 def versus_base(row: dict, results_dir) -> str | None:
     """One line: what the run changed against the frozen base model evaluated with the same suite and seed (the
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
-    perplexity (the ratio to the base). ``None`` when there is no such base row (``make run`` writes one first)."""
+    perplexity (the ratio to the base, paired bootstrap over the same windows). ``None`` when there is no such base row (``make run`` writes one first)."""
     import json
     from pathlib import Path
 
-    from harness.stats import wilson
+    from harness.stats import ppl_ratio, wilson
 
     if row.get("method") == "base" and not row.get("train_info"):
         return None
@@ -100,10 +100,14 @@ def versus_base(row: dict, results_dir) -> str | None:
             continue
         lo, hi = wilson(round(v * n), n) if n else (float("nan"), float("nan"))
         parts.append(f"passkey@{L} {v0:.2f} -> {v:.2f} [{lo:.2f}, {hi:.2f}]")
-    pp, pp0 = (row["metrics"].get("ppl_books") or {}).get("ppl") or {}, (best["metrics"].get("ppl_books") or {}).get("ppl") or {}
+    books, books0 = row["metrics"].get("ppl_books") or {}, best["metrics"].get("ppl_books") or {}
+    pp, pp0 = books.get("ppl") or {}, books0.get("ppl") or {}
     for L, v in pp.items():
         if pp0.get(L):
-            parts.append(f"books PPL@{L} {pp0[L]:.1f} -> {v:.1f} (x{v / pp0[L]:.2f})")
+            # paired bootstrap over the same windows (per-window mean NLL, in window order) when both rows have them
+            r = ppl_ratio((books.get("per_sample") or {}).get(L) or [], (books0.get("per_sample") or {}).get(L) or [])
+            ci = f" [{r[1]:.2f}, {r[2]:.2f}]" if r else ""
+            parts.append(f"books PPL@{L} {pp0[L]:.1f} -> {v:.1f} (x{v / pp0[L]:.2f}{ci})")
     return f"vs base (row {best['run_id']}, n = {n} passkey prompts per length): " + "; ".join(parts)
 
 

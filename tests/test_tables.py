@@ -394,3 +394,28 @@ def test_unconverged_rows_left_out_with_a_footnote(tmp_path):
     assert {e.method for e in rs.entries} == {"pi"} and len(rs.unconverged) == 1
     note = " ".join(rs.footnotes("tiny_llama"))
     assert "failed the convergence gate" in note and "yarn c2-yarn (PPL ratio at C 1.60 [1.50, 1.70]" in note
+
+
+def test_versus_base_line_pairs_the_same_windows(tmp_path):
+    """make run's comparison line: passkey with Wilson intervals, books PPL as a paired-bootstrap ratio over the same
+    windows of the newest frozen base row with the same suite, seed and model."""
+
+    from harness import report
+
+    def row(run_id, method, nll, acc, train_info=None):
+        return {"run_id": run_id, "status": "ok", "method": method, "model": "tiny_llama", "train_info": train_info,
+                "config": {"eval": "run", "seed": 0, "model": "tiny_llama"},
+                "metrics": {"passkey": {"accuracy": {"512": acc}, "samples_per_length": 10},
+                            "ppl_books": {"ppl": {"512": math.exp(sum(nll) / len(nll))},
+                                          "per_sample": {"512": nll}}}}
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    base = row("b", "base", [3.0, 3.2, 3.1, 2.9, 3.3, 3.0, 3.1, 3.2], 0.5)
+    (runs / "b.json").write_text(json.dumps(base))
+    ft = row("f", "yarn", [x + 0.1 for x in base["metrics"]["ppl_books"]["per_sample"]["512"]], 1.0, {"steps": 1})
+    line = report.versus_base(ft, tmp_path)
+    assert "row b" in line and "passkey@512 0.50 -> 1.00 [0.72, 1.00]" in line
+    # every window is 0.1 nats worse: the paired ratio is exp(0.1) with a degenerate interval around it
+    assert "(x1.11 [1.11, 1.11])" in line
+    assert report.versus_base(base, tmp_path) is None  # the base row itself has nothing to compare with

@@ -78,9 +78,22 @@ def precheck_or_exit(argv: list[str]) -> None:
         from harness.pipeline import fail_before_compose
 
         line = explain(e, overrides)
-        fail_before_compose(os.environ.get("HARNESS_RESULTS_DIR", "results"), line)
+        fail_before_compose(_results_dir_of(overrides), line)
         print(line, file=sys.stderr)
         sys.exit(2)
+
+
+def _results_dir_of(overrides: list[str]) -> str:
+    """Where the failed row of a command line that does not compose goes: its own ``paths.results_dir=`` override
+    (the last one; a sweep's comma list takes its first value) or, as the config does, ``$HARNESS_RESULTS_DIR`` or
+    ``results``."""
+    import os
+
+    for o in reversed(overrides):
+        key, sep, value = o.lstrip("+~").partition("=")
+        if sep and key == "paths.results_dir" and value and "${" not in value:
+            return value.split(",")[0]
+    return os.environ.get("HARNESS_RESULTS_DIR", "results")
 
 
 class SweepJobError(Exception):

@@ -95,6 +95,13 @@ def validate(cfg, data: bool = True):
     if data:
         method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")
+    bt = cfg.get("eval_batch_tokens", 8192)
+    if isinstance(bt, bool) or not isinstance(bt, int) or bt < 0:
+        raise ConfigError(f"eval_batch_tokens: {bt!r} is not a token count (valid: an integer >= 0; 0 = one PPL window "
+                          f"at a time)")
+    ckpt = Path(str(cfg.paths.ckpt_dir))
+    if ckpt.exists() and not ckpt.is_dir():
+        raise ConfigError(f"paths.ckpt_dir: {ckpt} is a file, not a directory (valid: a directory, created if missing)")
     check_lengths(list(cfg.eval.get("lengths") or []), c, "eval.lengths")
     check_suite(OmegaConf.to_container(cfg.eval.suite, resolve=True), c, data=data)
     return method, train

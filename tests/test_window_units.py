@@ -179,6 +179,7 @@ BAD = {  # overrides -> (substrings the one line must contain)
     "niah length 1e8": (["eval=tiny", "eval.suite.niah.context_lengths=[1000,100000000,3]"], ["niah", "valid"]),
     "niah buffer": (["eval=tiny", "eval.suite.niah.buffer=100000"], ["buffer", "valid"]),
     "schedule typo": (["train.schedule=cosinee"], ["schedule", "cosine", "valid"]),
+    "eval batch tokens negative": (["eval_batch_tokens=-1"], ["eval_batch_tokens", "valid"]),
     "train autocast": (["train.autocast=fp8"], ["autocast", "bfloat16", "valid"]),
     "eval autocast": (["autocast=fp8"], ["autocast", "bfloat16", "valid"]),
     "ppl samples 0": (["eval.suite.ppl_books.samples=0"], ["ppl_books.samples", ">= 1"]),
@@ -321,3 +322,21 @@ def test_bad_input_is_one_line_and_a_failed_row(args, rc, words, tmp_path):
         assert w in lines[0], (w, lines[0])
     assert [row["status"] for row in rows] == ["failed"]
     assert rows[0]["error"] in lines[0]
+
+
+def test_checkpoint_dir_that_is_a_file_is_refused_before_loading(tmp_path):
+    (tmp_path / "ck").write_text("not a directory")
+    cfg = conf_utils.compose([f"paths.ckpt_dir={tmp_path / 'ck'}"])
+    with pytest.raises(ConfigError, match="paths.ckpt_dir: .* is a file"):
+        pipeline.validate(cfg, data=False)
+
+
+def test_a_command_line_that_does_not_compose_leaves_its_row_in_its_own_results_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HARNESS_RESULTS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)  # a row in ./results would be the wrong place
+    with pytest.raises(SystemExit):
+        conf_utils.precheck_or_exit(["train.lrr=1", f"paths.results_dir={tmp_path / 'mine'}"])
+    rows = list((tmp_path / "mine" / "runs").glob("*.json"))
+    assert len(rows) == 1 and json.loads(rows[0].read_text())["status"] == "failed"
+    assert not (tmp_path / "results").exists()
+    assert "train.lrr" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Learning-curve report: results/curves/*.json (``scripts/recipe_curves.py``) -> docs/recipe_curves.md + a figure.
 
-    python scripts/recipe_report.py            # writes docs/recipe_curves.md and results/figures/recipe_curves.png
+    python scripts/recipe_report.py            # writes docs/recipe_curves.md and results/curves/recipe_curves.png
 
 Per method, learning rate and step: training loss, books / code perplexity at C and 8C, the paired ratio of the
 books PPL at C to the base's (same documents; 95% paired bootstrap interval), passkey at C..8C (Wilson), and the
@@ -136,8 +136,8 @@ def main(argv=None) -> None:
                   f"{c.get('tokens_per_second', '—')} tok/s, git {str(c.get('git_sha'))[:8]}.", ""]
         lines += table(c, C) + [""]
     (ROOT / "docs" / "recipe_curves.md").write_text("\n".join(lines) + "\n")
-    figure(curves, C, ROOT / "results" / "figures" / "recipe_curves.png")
-    print("wrote docs/recipe_curves.md and results/figures/recipe_curves.png")
+    figure(curves, C, ROOT / "results" / "curves" / "recipe_curves.png")
+    print("wrote docs/recipe_curves.md and results/curves/recipe_curves.png")
 
 
 if __name__ == "__main__":

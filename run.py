@@ -15,7 +15,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness import conf_utils, pipeline, report, results, shards, tracking
+from harness import pipeline, precheck, report, results, shards, tracking
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -77,5 +77,5 @@ def _exit_failed(message: str, stop_sweep: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    conf_utils.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
+    precheck.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
     pipeline.run_guarded(main, sys.argv[1:])   # failures outside a run's try (Hydra's mkdir, ...): one line + row

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, random_llama
 
-from harness import conf_utils, pipeline
+from harness import conf_utils, pipeline, precheck
 from harness.config import ConfigError
 from harness.methods import build_method
 from harness.methods.rope import default_inv_freq, rope_dims
@@ -335,7 +335,7 @@ def test_a_command_line_that_does_not_compose_leaves_its_row_in_its_own_results_
     monkeypatch.delenv("HARNESS_RESULTS_DIR", raising=False)
     monkeypatch.chdir(tmp_path)  # a row in ./results would be the wrong place
     with pytest.raises(SystemExit):
-        conf_utils.precheck_or_exit(["train.lrr=1", f"paths.results_dir={tmp_path / 'mine'}"])
+        precheck.precheck_or_exit(["train.lrr=1", f"paths.results_dir={tmp_path / 'mine'}"])
     rows = list((tmp_path / "mine" / "runs").glob("*.json"))
     assert len(rows) == 1 and json.loads(rows[0].read_text())["status"] == "failed"
     assert not (tmp_path / "results").exists()

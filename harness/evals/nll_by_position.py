@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
-from harness.evals.common import token_nll, window_nlls
+from harness.evals.common import window_nlls
 from harness.evals.ppl import check_dataset, load_documents
 from harness.stats import bootstrap_mean
 

@@ -1,0 +1,139 @@
+"""The command-line precheck of ``run.py``: compose (and for a sweep, validate) the overrides before Hydra does, so
+that a bad command line is one line naming the problem plus a failed row. It sits above the pipeline, the sweeps and
+the registries it names in its messages; ``harness.conf_utils`` (below everything) only composes."""
+from __future__ import annotations
+
+from harness.conf_utils import CONF_DIR, compose
+
+HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--resolve", "--version", "--shell-completion", "-sc")
+
+
+def precheck_or_exit(argv: list[str]) -> None:
+    """Compose (and, for a sweep, validate) the command line before Hydra does, so that an unknown group option, an
+    unknown key, a malformed override or an impossible value prints one clear line naming it (with the valid
+    alternatives) and leaves a failed row, instead of Hydra's multi-line errors. A single run composes here and is
+    validated by ``run.py`` itself (its row records the failure); a multirun (``-m``) composes and validates every
+    job of the sweep (``harness.sweeps.expand``, the basic sweeper's job list), so one bad job stops the sweep before
+    anything is launched. Nothing is checked for help / ``--cfg`` / other ``--`` flags, or with
+    ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides (launcher,
+    sweep dirs) are left to Hydra and do not affect the jobs' configs."""
+    import sys
+
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if any(a in HELP_FLAGS or a.startswith("--cfg") or a.startswith("hydra.searchpath")
+           or (a.startswith("-") and a not in ("-m", "--multirun")) for a in argv):
+        return
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    try:
+        if multirun:
+            _precheck_sweep(overrides)
+        else:
+            compose(overrides)
+    except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
+        from harness.pipeline import fail_before_compose
+
+        line = explain(e, overrides)
+        fail_before_compose(_results_dir_of(overrides), line)
+        print(line, file=sys.stderr)
+        sys.exit(2)
+
+
+def _results_dir_of(overrides: list[str]) -> str:
+    """Where the failed row of a command line that does not compose goes: its own ``paths.results_dir=`` override
+    (the last one; a sweep's comma list takes its first value) or, as the config does, ``$HARNESS_RESULTS_DIR`` or
+    ``results``."""
+    import os
+
+    for o in reversed(overrides):
+        key, sep, value = o.lstrip("+~").partition("=")
+        if sep and key == "paths.results_dir" and value and "${" not in value:
+            return value.split(",")[0]
+    return os.environ.get("HARNESS_RESULTS_DIR", "results")
+
+
+class SweepJobError(Exception):
+    def __init__(self, job: list[str], error: BaseException):
+        super().__init__(str(error))
+        self.job, self.error = job, error
+
+
+def _precheck_sweep(overrides: list[str]) -> None:
+    from harness import pipeline, sweeps
+
+    for job in sweeps.expand(overrides):
+        try:
+            pipeline.validate(compose(job), data=False)  # data: the jobs check it where they run
+        except Exception as e:  # noqa: BLE001
+            raise SweepJobError(job, e) from None
+
+
+def explain(e: BaseException, overrides: list[str]) -> str:
+    """One line for a composition or validation error, naming the override / key / file and the valid choices."""
+    if isinstance(e, SweepJobError):
+        return f"config error in sweep job [{' '.join(e.job)}]: {explain(e.error, e.job).removeprefix('config error: ')}"
+    from harness.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return f"config error: {str(e).splitlines()[0]}"
+    name = type(e).__name__
+    msg = " ".join(str(e).split("\n")[:1]).strip() or name
+    hint = ""
+    if "Could not find" in msg or "Could not load" in msg:
+        quoted = [q for q in msg.split("'")[1::2] if "/" in q]
+        group = quoted[0].rsplit("/", 1)[0] if quoted else ""
+        opts = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group and (CONF_DIR / group).is_dir() else []
+        hint = f" (available: {', '.join(opts)})" if opts else ""
+    elif "Could not override" in msg or "not in struct" in msg:
+        key = next((q for q in msg.split("'")[1::2] if q), "")
+        parent, _, leaf = key.rpartition(".")
+        valid, extra = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")])
+        hint = f" (valid keys of {parent or 'the config'}: {', '.join(valid)}" if valid else ""
+        if valid and extra:
+            hint += f"; not in its YAML, set with +{parent}.<key>=...: {', '.join(extra)}"
+        hint += ")" if valid else ""
+    elif name == "OverrideParseException":
+        bad = [o for o in overrides if _unparsable(o)]
+        msg = f"cannot parse override {bad[0]!r}: {msg}" if bad else msg
+        hint = " (syntax: https://hydra.cc/docs/advanced/override_grammar/basic)"
+    return f"config error: {msg}{hint}"
+
+
+def _valid_keys(parent: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
+    import dataclasses
+
+    from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
+
+    try:
+        node = compose(_first_values([o for o in overrides if not _unparsable(o)]))
+        for part in [p for p in parent.split(".") if p]:
+            node = node[part]
+        keys = sorted(str(k) for k in node.keys())
+    except Exception:  # noqa: BLE001 - a hint only
+        return [], []
+    schema = None
+    try:
+        if parent == "train":
+            from harness.train import TrainArgs as schema
+        elif parent == "method":
+            from harness.methods import METHODS
+
+            schema = METHODS.get(str(node.get("name"))).Args
+        elif parent == "model":
+            from harness.models import MODELS
+
+            schema = MODELS.get(str(node.get("name"))).Args
+    except Exception:  # noqa: BLE001
+        schema = None
+    extra = sorted(f.name for f in dataclasses.fields(schema) if f.name not in keys) if schema else []
+    return keys, extra
+
+
+def _unparsable(override: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+        return False
+    except Exception:  # noqa: BLE001
+        return True

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -39,6 +40,12 @@ MARKERS = {("exact", "frozen"): "^", ("exact", "fine-tuned"): "o", ("approximate
 PAPER_FT = ("pi", "yarn", "clex", "ntk_32k", "ntk_64k", "ntk_64k_2b")
 BASE_STYLE = dict(color="0.25", ls="--", lw=1.4)
 
+
+
+def _suptitle(fig, text: str, fontsize: float = 10) -> None:
+    """A figure title wrapped to the figure's width (a long caption must not run off both edges)."""
+    width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
+    fig.suptitle("\n".join(textwrap.wrap(text, width)), fontsize=fontsize)
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,8 +147,8 @@ def passkey_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[P
         ax.set_xlabel(f"prompt length (C = {c} tokens)", fontsize=8)
         ax.set_ylabel("passkey accuracy", fontsize=8)
     n = ", ".join(str(x) for x in sorted(n_seen))
-    fig.suptitle(f"Passkey retrieval by length ({model}); bars: 95% Wilson intervals, n = {n} prompts per point; "
-                 "\u25b2 on the axis: training lengths of the panel's methods", fontsize=10)
+    _suptitle(fig, f"Passkey retrieval by length ({model}); bars: 95% Wilson intervals, n = {n} prompts per point; "
+              "\u25b2 on the axis: training lengths of the panel's methods")
     return _save(fig, out_dir, f"passkey_{model}")
 
 
@@ -203,7 +210,7 @@ def nll_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]
     band = ("bands: 95% bootstrap over documents" if banded else
             "no bands: these rows keep only the mean over documents (per-document NLL not recorded)")
     nd = ", ".join(str(d) for d in sorted(docs))
-    fig.suptitle(f"Averaged NLL by position ({model}, n = {nd} documents); dotted: C; {band}", fontsize=10)
+    _suptitle(fig, f"Averaged NLL by position ({model}, n = {nd} documents); dotted: C; {band}")
     if not banded:
         notes.append(f"nll_{model}: {band}")
     return _save(fig, out_dir, f"nll_{model}")
@@ -311,8 +318,8 @@ def niah_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path
         cells += f"; n = {', '.join(str(v) for v in sorted(n))} prompts per length"
     fig.colorbar(im, ax=axes, shrink=0.8, label=what.split(" (")[0])
     left = f"; at 0 everywhere, not drawn: {', '.join(floor_)}" if floor_ else ""
-    fig.suptitle(f"{what} ({model}); x: length (C = {c} tokens), y: needle depth; dashed: training length; "
-                 f"white: no prompt in that cell; {cells}{left}", fontsize=9, wrap=True)
+    _suptitle(fig, f"{what} ({model}); x: length (C = {c} tokens), y: needle depth; dashed: training length; "
+              f"white: no prompt in that cell; {cells}{left}", fontsize=9)
     return _save(fig, out_dir, f"niah_{model}")
 
 
@@ -472,7 +479,7 @@ def scatter_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
             pax.grid(alpha=0.3)
         else:
             pax.axis("off")
-    fig.suptitle(f"Perplexity and downstream scores ({model}); bars: 95% intervals", fontsize=10)
+    _suptitle(fig, f"Perplexity and downstream scores ({model}); bars: 95% intervals")
     return _save(fig, out_dir, f"ppl_vs_downstream_{model}")
 
 

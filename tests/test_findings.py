@@ -214,3 +214,22 @@ def test_make_findings_script(tmp_path):
     md = (res / "findings.md").read_text()
     assert md.count("**reproduced**") == 12 and "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
     assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md
+
+
+def test_control_row_is_reported_beside_finding_l_but_never_changes_a_verdict():
+    """The base fine-tuned inside C (tiny_study/base_ft) is a control: (l) prints the NLL 1..C difference against it,
+    and no verdict (of (l), or (d)'s set of exact configurations) changes because the row exists."""
+    rows = world("paper")
+    before = verdicts(rows)
+    # the control: fine-tuned inside C, with a lower NLL inside C than the frozen base (domain adaptation)
+    ctrl = row("base", [1, 0, 0, 0, 0], [3.5, 5, 5, 5, 5], frozen=False, train_len=C, nllpos=(3.5, 5.0), key="base_ft")
+    after = verdicts(rows + [ctrl])
+    assert {k: f.result for k, f in after.items()} == {k: f.result for k, f in before.items()}
+    assert [p.text() for p in after["d"].parts] == [p.text() for p in before["d"].parts]
+    assert not before["l"].controls
+    ctl = after["l"].controls
+    assert len(ctl) == 2 and all(p.ci is not None for p in ctl)
+    # yarn / ntk_32k have NLL 3.9 inside C, the control 3.5: the difference is positive and its interval says so
+    assert all(p.ci[1] > 0 for p in ctl), [p.text() for p in ctl]
+    rep = fd.report(RowSet(rows + [ctrl], load_spec()), "tiny_llama")
+    assert "control, not in the verdict" in rep

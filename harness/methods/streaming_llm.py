@@ -129,7 +129,9 @@ class StreamingLLM(Method):
         if isinstance(a.n_sink, bool) or not isinstance(a.n_sink, int) or a.n_sink < 0:
             raise ConfigError(f"method=streaming_llm: n_sink = {a.n_sink!r} is not a token count (valid: an integer "
                               f">= 0; the original keeps 4)")
-        w = window_tokens(a.window, native_ctx, "method=streaming_llm: window") or native_ctx - a.n_sink
+        w = window_tokens(a.window, native_ctx, "method=streaming_llm: window")
+        if not float(a.window):
+            w = native_ctx - a.n_sink
         if w < 1:
             raise ConfigError(f"method=streaming_llm: window = {a.window:g} C = {w} tokens with n_sink = {a.n_sink} "
                               f"and C = {native_ctx}; the recent window needs >= 1 token (valid: window >= "

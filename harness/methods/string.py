@@ -29,7 +29,7 @@ logits).
 Units: ``shifted_offset`` and ``local_window`` are in units of the native window C. The original sets
 ``shifted_offset = int(0.33 * L)`` with L the training length (README quick start: ``L =
 config.max_position_embeddings``; its RULER / InfiniteBench scripts use 0.33 x the test length, the NIAH script 0.5
-x, which equal 0.33 C and 0.5 C at their headline setting, test length = training length = 128K); truncated to
+x, about 0.33 C and 0.5 C at their headline setting, test length = training length = 128K); truncated to
 tokens as the original (``int``). ``local_window`` (the original's ``small_local_value``) is an absolute 128 on every
 model in the original (C/1024 on Llama 3.1's 128K); here it is C/32, which is the original's 128 on LLaMA2-7B's 4096
 (16 tokens on tiny_llama's 512, where C/1024 would round to nothing). Lengths beyond C + S - W give shifted distances

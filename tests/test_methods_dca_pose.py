@@ -169,3 +169,173 @@ def test_dca_mscale_flag_scales_logits_beyond_c():
     mod.harness_dca = (6, 1, False, 4, 8, 8)
     want, _ = dca_attention(mod, q, k, v, None, scaling=0.25 * ms * ms)
     assert (on - want).abs().max() <= 1e-6 and (on - off).abs().max() > 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ PoSE
+from harness.methods.pose import PoSE, pose_example, pose_sample, sequence_rng  # noqa: E402
+
+
+def original_pose_recipe(ids: list, model_max: int, scaled: int, rng: random.Random):
+    """``train_preprocess_function_pose`` for one document, call by call (``random`` -> ``rng``)."""
+    len_chunk = min(len(ids), model_max)
+    len_input = len(ids)
+    lt1 = 0
+    rt1 = rng.randint(1, (len_chunk + 1) // 2)
+    rt2 = rng.randint(lt1 + len_chunk, len_input)
+    lt2 = rt2 - (len_chunk - (rt1 - lt1))
+    chunked_ids = ids[lt1:rt1] + ids[lt2:rt2]
+    pos_ids = torch.arange(len(chunked_ids), dtype=torch.long)
+    lt = 0
+    rt = rng.randint(lt, scaled - len(pos_ids))
+    pos_ids[:rt1 - lt1] += lt
+    pos_ids[rt1 - lt1:] += rt
+    return chunked_ids, pos_ids, rt1
+
+
+@pytest.mark.parametrize("len_input,C,target", [(64, 64, 8), (320, 64, 8), (50, 64, 4), (7, 7, 1), (64, 64, 1), (200, 63, 4)])
+def test_pose_positions_equal_original_recipe_and_invariants(len_input, C, target):
+    scaled = C * target
+    ids = list(range(100, 100 + len_input))
+    for seed in range(200):
+        want_ids, want_pos, rt1 = original_pose_recipe(ids, C, scaled, random.Random(seed))
+        got_ids, got_pos = pose_example(torch.tensor(ids), C, scaled, random.Random(seed))
+        assert got_ids.tolist() == want_ids and torch.equal(got_pos, want_pos)
+        assert pose_sample(len_input, min(len_input, C), scaled, random.Random(seed))[0] == rt1
+        n = min(len_input, C)
+        assert got_pos.shape[0] == n and got_pos[0] == 0 and got_pos[-1] <= scaled - 1
+        assert bool((got_pos[1:] > got_pos[:-1]).all())  # strictly increasing (inside and across the chunks)
+        assert 1 <= rt1 <= (n + 1) // 2  # chunk lengths: rt1 and n - rt1, as the original
+        assert torch.equal(got_pos[:rt1], torch.arange(rt1))
+        assert bool((got_pos[rt1:].diff() == 1).all()) if n - rt1 > 1 else True
+        assert got_ids[:rt1].tolist() == ids[:rt1]  # chunk 1 = the document's start
+
+
+def test_pose_skip_distribution_covers_the_target():
+    """Every chunk-1 length 1..(C+1)/2 and every skip 0..sC - C occurs, roughly uniformly (randint's law)."""
+    C, scaled, n = 16, 128, 4000
+    draws = [pose_sample(3 * C, C, scaled, random.Random(seed)) for seed in range(n)]
+    rt1 = torch.tensor([d[0] for d in draws])
+    rt2 = torch.tensor([d[2] for d in draws])
+    rt = torch.tensor([d[3] for d in draws])
+    assert set(rt1.tolist()) == set(range(1, (C + 1) // 2 + 1))
+    assert set(rt.tolist()) == set(range(0, scaled - C + 1))
+    assert set(rt2.tolist()) == set(range(C, 3 * C + 1))  # content end: uniform on len_chunk..len_input
+    for x, lo, hi in ((rt1, 1, (C + 1) // 2), (rt, 0, scaled - C), (rt2, C, 3 * C)):
+        assert abs(x.double().mean().item() - (lo + hi) / 2) < 0.05 * (hi - lo + 1)
+
+
+def test_pose_train_batch_seeded_per_sequence_and_passes_positions():
+    model = random_llama(kv_heads=2)
+    m = PoSE(PoSE.Args(target=8, rope="pi", seed=3))
+    m.apply(handle_of(model))
+    ids = torch.randint(3, 250, (2, 64), generator=torch.Generator().manual_seed(0))
+    b = m.train_batch(ids)
+    assert set(b) == {"input_ids", "labels", "position_ids", "attention_mask"} and bool(b["attention_mask"].all())
+    for i in range(2):
+        want_ids, want_pos = pose_example(ids[i], 64, 512, sequence_rng(ids[i], 3))
+        assert torch.equal(b["input_ids"][i], want_ids) and torch.equal(b["position_ids"][i], want_pos)
+    b2 = m.train_batch(ids)
+    assert torch.equal(b2["position_ids"], b["position_ids"])  # deterministic (resume, ranks)
+    assert not torch.equal(b["position_ids"][0], b["position_ids"][1])  # each sequence its own draw
+    # the jump is no document boundary: chunk 2 sees chunk 1
+    pos = b["position_ids"][:1]
+    r1 = int((pos[0].diff() != 1).nonzero()[0]) + 1
+    x = b["input_ids"][:1].clone()
+    out = model(input_ids=x, position_ids=pos, attention_mask=torch.ones_like(x)).logits
+    x[0, 0] = (x[0, 0] + 1) % 250 + 3
+    out2 = model(input_ids=x, position_ids=pos, attention_mask=torch.ones_like(x)).logits
+    assert (out[0, r1:] - out2[0, r1:]).abs().max() > 1e-4
+
+
+def test_pose_one_training_step(tmp_path):
+    import numpy as np
+
+    from harness.train import TrainArgs
+    from harness.train.loop import finetune
+
+    model = random_llama(kv_heads=2)
+    h = handle_of(model)
+    m = PoSE(PoSE.Args(target=8, rope="yarn"))
+    m.apply(h)
+    seen = []
+    model.model.rotary_emb.register_forward_hook(
+        lambda mod, args, kwargs, out: seen.append(kwargs.get("position_ids", args[-1]).detach().clone()),
+        with_kwargs=True)
+    a = TrainArgs(name="t", enabled=True, seq_len=64, tokens=64, global_batch=1, micro_batch=1, lr=1e-3,
+                  warmup_steps=0, ema=False, save_every=0, seed=0)
+    a.validate()
+    m.check(64, a)
+    chunks = np.random.default_rng(0).integers(3, 250, size=(4, 64)).astype(np.uint16)
+    info = finetune(h, m, chunks, a, tmp_path / "ck", "fp")
+    assert info["steps"] == 1 and math.isfinite(info["loss_first"])
+    want = m.train_batch(torch.from_numpy(chunks[:1].astype(np.int64)))["position_ids"]
+    assert any(p.shape == want.shape and torch.equal(p, want) for p in seen) and int(want.max()) >= 64
+
+
+def test_pose_train_mode_leaves_harness_causal_while_training():
+    from harness.methods._flex import CAUSAL_NAME, set_backend
+
+    model = random_llama(kv_heads=2)
+    h = handle_of(model)
+    set_backend(model, "flex")
+    m = PoSE(PoSE.Args())
+    m.apply(h)
+    assert model.config._attn_implementation == CAUSAL_NAME
+    m.train_mode(h)
+    assert model.config._attn_implementation == "sdpa"
+    m.eval_mode(h)
+    assert model.config._attn_implementation == CAUSAL_NAME
+
+
+@pytest.mark.parametrize("rope,other", [("pi", {"name": "pi", "scale": 8.0}), ("yarn", {"name": "yarn", "scale": 8.0})])
+def test_pose_inference_rope_equals_composed_method(rope, other):
+    a, b = random_llama(kv_heads=2), random_llama(kv_heads=2)
+    PoSE(PoSE.Args(target=8, rope=rope)).apply(handle_of(a))
+    build_method(other).apply(handle_of(b))
+    ra, rb = a.model.rotary_emb, b.model.rotary_emb
+    assert torch.equal(ra.inv_freq, rb.inv_freq) and ra.attention_scaling == rb.attention_scaling
+    ids = torch.randint(3, 250, (1, 200))
+    assert torch.equal(logits(a, ids), logits(b, ids))
+    assert not torch.equal(ra.inv_freq, random_llama().model.rotary_emb.inv_freq)
+
+
+def test_pose_ntk_and_revised_yarn_equal_the_originals_rotary():
+    d, base, s, C = 16, 10000.0, 8.0, 64
+    model = random_llama(kv_heads=2)  # head_dim 16
+    PoSE(PoSE.Args(target=s, rope="ntk")).apply(handle_of(model, ctx=C))
+    # LlamaVanillaNTKScalingRotaryEmbedding: base * s ** (dim / (dim - 2))
+    b2 = base * s ** (d / (d - 2))
+    want = 1.0 / (b2 ** (torch.arange(0, d, 2).float() / d))
+    assert torch.allclose(model.model.rotary_emb.inv_freq, want, rtol=1e-6, atol=0)
+    model = random_llama(kv_heads=2)
+    PoSE(PoSE.Args(target=s, rope="yarn_revised")).apply(handle_of(model, ctx=C))
+    # LlamaYaRNScaledRotaryEmbedding.revised_yarn (beta_fast 32, beta_slow 1, original window C)
+
+    def corr(rot):
+        return (d * math.log(C / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low if high > low else 0.001)).clamp(0, 1)
+    mask = 1 - ramp
+    inv = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+    want = inv / ((1 - mask) * s + mask)
+    r = model.model.rotary_emb
+    assert torch.allclose(r.inv_freq, want, rtol=1e-6, atol=0) and r.attention_scaling == pytest.approx(0.1 * math.log(s) + 1)
+    yarn = random_llama(kv_heads=2)
+    build_method({"name": "yarn", "scale": s}).apply(handle_of(yarn, ctx=C))
+    assert not torch.allclose(r.inv_freq, yarn.model.rotary_emb.inv_freq)  # the two YaRN variants differ in the ramp
+
+
+def test_pose_check_refuses_impossible_values():
+    from harness.train import TrainArgs
+
+    for bad in ({"target": 0.5}, {"rope": "dynamic"}, {"train_len": 2.0, "target": 1.5}, {"train_len": 0}):
+        with pytest.raises(ConfigError, match="method=pose"):
+            build_method({"name": "pose", **bad}).check(4096)
+    with pytest.raises(ConfigError, match="method=pose: train.doc_masking"):
+        build_method({"name": "pose"}).check(4096, TrainArgs(enabled=True, seq_len=4096, tokens=4096,
+                                                              global_batch=1, doc_masking=True))
+    from harness.conf_utils import group_defaults
+
+    assert METHODS.get("pose") is PoSE
+    build_method(group_defaults("method", "pose")).check(4096)

@@ -339,3 +339,28 @@ def test_pose_check_refuses_impossible_values():
 
     assert METHODS.get("pose") is PoSE
     build_method(group_defaults("method", "pose")).check(4096)
+
+
+# ------------------------------------------------------------------------------------------------ points
+@pytest.mark.parametrize("exp", ["tiny_study", "paper_llama2"])
+def test_points_validate_and_pose_takes_the_same_optimizer_steps(exp):
+    from omegaconf import OmegaConf
+
+    from harness import conf_utils, pipeline
+
+    got = {}
+    for name in ("dca", "pose", "pi"):
+        cfg = conf_utils.compose([f"experiment={exp}", f"point={exp}/{name}"])
+        method, train = pipeline.validate(cfg, data=False)
+        assert method.name == name and cfg.method.name == name
+        assert dict(cfg.method) == conf_utils.group_defaults("method", name)  # the YAML as it is
+        got[name] = (train, int(cfg.model.native_ctx))
+        if exp == "paper_llama2" and name != "pi":
+            assert "method" not in OmegaConf.load(conf_utils.CONF_DIR / "point" / exp / f"{name}.yaml")
+    assert not got["dca"][0].enabled
+    pose, c = got["pose"]
+    pi, _ = got["pi"]
+    assert pose.enabled and pose.seq_len == c and pose.steps() == pi.steps()
+    assert pose.tokens * pi.seq_len == pi.tokens * pose.seq_len  # tokens scaled by seq_len: C / 8C = 1/8
+    if exp == "paper_llama2":
+        assert build_method({"name": "dca"}).check(c) == (3072, 512)

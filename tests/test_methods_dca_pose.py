@@ -141,16 +141,54 @@ def test_dca_greedy_decoding_with_kv_cache_equals_original():
             assert torch.equal(nxt, want.argmax(-1, keepdim=True))
             seq = torch.cat([seq, nxt], 1)
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True, position_ids=torch.tensor([[t]]))
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=seq.shape[1] - 30,
+                             do_sample=False, pad_token_id=0)
+    assert torch.equal(gen, seq)  # transformers' generate (its own cache and positions): the same greedy tokens
 
 
-def test_dca_flex_backend_refused_with_one_line():
+def test_dca_batch_with_right_and_left_padding():
     model = random_llama(kv_heads=2)
-    DCA(DCA.Args()).apply(handle_of(model))
-    for m in model.modules():
-        if hasattr(m, "harness_dca"):
-            m.harness_attn_backend = "flex"
-    with pytest.raises(ValueError, match="attention.backend=flex is not available for method=dca"):
-        logits(model, torch.randint(3, 250, (1, 8)))
+    DCA(DCA.Args(block_q=16, block_k=16)).apply(handle_of(model))  # L = 40
+    g = torch.Generator().manual_seed(5)
+    short, long = torch.randint(3, 250, (1, 70), generator=g), torch.randint(3, 250, (1, 95), generator=g)
+    alone_s, alone_l = logits(model, short), logits(model, long)
+    pad = torch.zeros(1, 25, dtype=torch.long)
+    ids = torch.cat([long, torch.cat([short, pad], 1)])  # right padding
+    am = torch.ones(2, 95, dtype=torch.long)
+    am[1, 70:] = 0
+    out = logits(model, ids, attention_mask=am)
+    assert (out[0] - alone_l[0]).abs().max() <= 1e-5 and (out[1, :70] - alone_s[0]).abs().max() <= 1e-5
+    ids = torch.cat([long, torch.cat([pad, short], 1)])  # left padding, padding-aware positions (as generate)
+    am = torch.ones(2, 95, dtype=torch.long)
+    am[1, :25] = 0
+    out = logits(model, ids, attention_mask=am, position_ids=(am.cumsum(-1) - 1).clamp_min(0))
+    assert (out[0] - alone_l[0]).abs().max() <= 1e-5 and (out[1, 25:] - alone_s[0]).abs().max() <= 1e-5
+
+
+def test_dca_flex_backend_equals_reference_prefill_and_decode():
+    from transformers import DynamicCache
+
+    from harness.methods import _flex as fx
+
+    ids = torch.randint(3, 250, (2, 130), generator=torch.Generator().manual_seed(9))
+    am = torch.ones(2, 130, dtype=torch.long)
+    am[1, 110:] = 0  # right padding in row 1
+    res = {}
+    for backend in ("reference", "flex"):
+        model = random_llama(kv_heads=2)
+        fx.set_backend(model, backend)
+        DCA(DCA.Args(block_q=16, block_k=16)).apply(handle_of(model))  # L = 40: intra, successive, inter
+        with torch.no_grad():
+            full = model(input_ids=ids, attention_mask=am).logits
+            cache = DynamicCache(config=model.config)
+            steps = [model(input_ids=ids[:, :75], past_key_values=cache, use_cache=True).logits[:, -1]]
+            for t in range(75, 85):  # crosses the chunk boundary at 80
+                steps.append(model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+        res[backend] = (full, torch.stack(steps))
+    (fr, dr), (ff, df) = res["reference"], res["flex"]
+    assert (ff[0] - fr[0]).abs().max() <= 1e-5 and (ff[1, :110] - fr[1, :110]).abs().max() <= 1e-5
+    assert (df - dr).abs().max() <= 1e-5
+    assert (dr[1:, 0] - fr[0, 75:85]).abs().max() <= 1e-5  # decoding with the cache = prefill (row 0: no padding)
 
 
 def test_dca_mscale_flag_scales_logits_beyond_c():

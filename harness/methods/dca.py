@@ -38,7 +38,8 @@ times its square) from the current key length, statelessly; the original keeps t
 rotary cache has been rebuilt for (the same on one growing sequence, different when a shorter input follows a
 longer one). The original composes with PI through the rotary ``scaling_factor``; here the model's own inverse
 frequencies are used, so a RoPE scaling already in the model's config composes the same way.
-``attention.backend=flex`` is refused with one line (no fused path: ``auto`` runs this reference).
+``attention.backend=flex`` (``auto`` on CUDA): three ``flex_attention`` calls (one per part, block masks on the chunk
+difference) merged by log-sum-exp, as the original's flash path; ``reference``: the blocked loop above (tested equal).
 """
 from __future__ import annotations
 
@@ -72,8 +73,6 @@ def mscale_of(kv_len: int, native_ctx: int) -> float:
 def dca_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
                   **kwargs):
     chunk_size, local_window, mscale, native_ctx, block_q, block_k = module.harness_dca
-    fx.use_fused(module, query, method="dca", reason="its three position sets per (query chunk, key chunk) pair "
-                 "have no fused path here")  # auto -> this reference; flex -> one line
     L = chunk_size - local_window
     inv = module.harness_inv_freq
     b, h, lq, d = query.shape
@@ -82,6 +81,8 @@ def dca_attention(module, query, key, value, attention_mask, scaling=None, dropo
     scale = bw.default_scaling(module, scaling)
     if mscale:
         scale = scale * mscale_of(kv, native_ctx) ** 2
+    if fx.use_fused(module, query):  # attention.backend: flex (three flex calls merged by log-sum-exp)
+        return dca_flex(module, query, key, value, attention_mask, scale, position_ids, chunk_size, local_window)
     q_pos, k_pos = bw.positions(position_ids, b, lq, kv, dev)
     valid = bw.key_valid(attention_mask, b, kv, dev)
     q_idx = torch.arange(kv - lq, kv, device=dev)
@@ -113,6 +114,37 @@ def dca_attention(module, query, key, value, attention_mask, scaling=None, dropo
         return [(0, min(kv, kv - lq + qe))]
 
     return bw.attend(query, value, score, ranges, block_q, block_k)
+
+
+def dca_flex(module, query, key, value, attention_mask, scale: float, position_ids, chunk_size: int,
+             local_window: int):
+    """The fused path: one flex_attention call per part (intra / successive / inter-chunk, each with its query
+    rotation and a block mask on the chunk difference), merged by log-sum-exp, as the original merges its flash
+    calls (``merge_attn_outputs``)."""
+    q_pos, k_pos, valid, off = fx._context(query, key, attention_mask, position_ids)
+    L = chunk_size - local_window
+    inv = module.harness_inv_freq
+    qc, kc = torch.div(q_pos, L, rounding_mode="floor"), torch.div(k_pos, L, rounding_mode="floor")
+    tensors = (qc, kc, valid)
+    k_c = bw.rotate(key.float(), k_pos % L - k_pos, inv).to(key.dtype)
+    p_intra, p_succ, p_inter = query_positions(q_pos, chunk_size, local_window)
+    far = int(qc.max() - kc.min()) if key.shape[2] else 0
+
+    def part(kind: str, lo: int, hi: int | None, q_at):
+        def mask(b, h, qi, ki):
+            diff = qc[b, qi] - kc[b, ki]
+            ok = (qi + off >= ki) & valid[b, ki] & (diff >= lo)
+            return ok & (diff <= hi) if hi is not None else ok
+
+        q = bw.rotate(query.float(), q_at - q_pos, inv).to(query.dtype)
+        return fx.flex(q, k_c, value, mask, (kind, L, off), tensors, scale, lse=True)
+
+    parts = [part("dca_intra", 0, 0, p_intra)]
+    if far >= 1:
+        parts.append(part("dca_succ", 1, 1, p_succ))
+    if far >= 2:
+        parts.append(part("dca_inter", 2, None, p_inter))
+    return fx._result(fx.merge(parts), query)
 
 
 bw.register_attention(ATTN_NAME, dca_attention)

@@ -7,8 +7,8 @@ into chunks of ``chunk_len = L = s_c - w`` tokens (by index; chunk j = tokens [j
 ``n mod L`` (``k_t``). A query at position m (``m mod L`` = its offset in its chunk) attends to
 - intra-chunk: the keys of its own chunk, causally, with the query rotated at ``m mod L`` (``q_t``): relative
   position m - n, below L;
-- successive-chunk: all keys of the previous chunk, query rotated at ``min(m mod L + L, s_c)`` (``qc_t``): the first
-  w queries of a chunk see the previous chunk at its true distance, the rest at distances capped by s_c;
+- successive-chunk: all keys of the previous chunk, query rotated at ``min(m mod L + L, s_c)`` (``qc_t``): queries
+  with m mod L <= w see the previous chunk at its true distance, later ones at distances capped by s_c;
 - inter-chunk: all keys of chunks before the previous one, query rotated at the constant ``qc_t[L - 1] =
   min(2L - 1, s_c)`` (= s_c whenever L > w).
 Prefill runs one flash-attention call per part and merges them with their log-sum-exps (``merge_attn_outputs``: the

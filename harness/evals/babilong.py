@@ -51,6 +51,7 @@ from pathlib import Path
 
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
+from harness.evals._ruler_data import DoesNotFit
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import BABILONG_PROMPTS, BABILONG_TEMPLATE
 from harness.stats import bounded_interval, wilson
@@ -71,10 +72,6 @@ TASK_LABELS = {
     "qa5": {"Bill", "Fred", "Jeff", "Mary", "apple", "football", "milk"},
 }
 DEFAULT_FACTS = {"qa1": [2, 10], "qa2": [4, 20], "qa3": [6, 30], "qa4": [2, 2], "qa5": [4, 20]}
-
-
-class DoesNotFit(Exception):
-    """The prompt without any book text, plus the generation budget, exceeds the length."""
 
 
 # --- metric (babilong/metrics.py) ---------------------------------------------------------------------------------

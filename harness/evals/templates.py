@@ -172,6 +172,8 @@ EVAL_FRAGMENTS = (
     "hidden in some random text",
     "hidden in some random text and a question",
     "The most recent location of",
+    "Always return your answer in the following format",
+    "Your answer should contain only one word",
     "Extract the value corresponding to the specified key",
     "Corresponding value:",
     "Please read the following text and answer the question below",

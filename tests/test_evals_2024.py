@@ -406,9 +406,10 @@ def test_extended_suite_composes_and_checks():
     assert all(list(e.args.lengths) == [512, 1024, 2048] for e in evs)
 
 
-def test_end_to_end_on_tiny_model(tiny, tmp_path):
+def test_babilong_end_to_end_on_tiny_model(tiny, tmp_path):
     ctx = EvalContext(tmp_path, 0, "float32")
-    b = B.Babilong(B.Babilong.Args(tasks=["qa1", "qa4"], samples=2, lengths=[512, 1024])).run(tiny, Limit(512), ctx)
+    b = B.Babilong(B.Babilong.Args(tasks=["qa1", "qa4"], samples=2, max_new_tokens=6, lengths=[512, 1024])) \
+        .run(tiny, Limit(512), ctx)
     assert b["skipped"]["1024"].startswith("method limit supports at most")
     for t in ("qa1", "qa4"):
         x = b["per_sample"][t]["512"]
@@ -416,20 +417,30 @@ def test_end_to_end_on_tiny_model(tiny, tmp_path):
         lo, hi = b["task_ci"][t]["512"]
         assert lo <= b["tasks"][t]["512"] <= hi and hi > 0
     assert b["ci"]["512"][0] <= b["average"]["512"] <= b["ci"]["512"][1]
+    recs = [json.loads(x) for x in (tmp_path / "samples" / "babilong.jsonl").read_text().splitlines()]
+    assert len(recs) == 4 and all(r["prompt_tokens"] + 6 <= r["length"] and r["score"] == 100 * r["correct"]
+                                  for r in recs)
 
+
+def test_helmet_recall_end_to_end_on_tiny_model(tiny, tmp_path):
     h = H.HelmetRecall(H.HelmetRecall.Args(tasks=["json_kv", "ruler_niah_mk_2"], samples=2, lengths=[1024],
                                            generation_max_length={"json_kv": 40, "ruler_niah_mk_2": 16},
-                                           small_threshold=10**6)).run(tiny, None, ctx)
+                                           max_new_tokens=4, small_threshold=10**6)) \
+        .run(tiny, None, EvalContext(tmp_path, 0, "float32"))
     for t in ("json_kv", "ruler_niah_mk_2"):
         x = h["per_sample"][t]["1024"]
-        assert len(x) == 2 and all(0 <= v <= 100 for v in x)
+        assert len(x) == 2 and all(0 <= v <= 100 for v in x) and h["tasks"][t]["1024"] == sum(x) / 2
         assert h["task_ci"][t]["1024"][0] <= h["tasks"][t]["1024"] <= h["task_ci"][t]["1024"][1]
     assert h["average_over"]["1024"] == ["json_kv", "ruler_niah_mk_2"]
+    assert h["ci"]["1024"][0] <= h["average"]["1024"] <= h["ci"]["1024"][1]
+    recs = [json.loads(x) for x in (tmp_path / "samples" / "helmet_recall.jsonl").read_text().splitlines()]
+    assert len(recs) == 4 and all(r["prompt_tokens"] + (40 if r["task"] == "json_kv" else 16) <= 1024 for r in recs)
 
-    v = V.LongBenchV2(V.LongBenchV2.Args(samples=3, max_new_tokens=8, lengths=[512])).run(tiny, None, ctx)
-    assert len(v["per_sample"]["512"]) == 3 and v["ci"]["512"][0] <= v["accuracy"]["512"] <= v["ci"]["512"][1]
-    assert v["truncated"]["512"] >= 1
 
-    for name, n in (("babilong", 4), ("helmet_recall", 4), ("longbench_v2", 3)):
-        recs = [json.loads(x) for x in (tmp_path / "samples" / f"{name}.jsonl").read_text().splitlines()]
-        assert len(recs) == n and all("score" in r and r["prompt_tokens"] <= r["length"] for r in recs)
+def test_longbench_v2_end_to_end_on_tiny_model(tiny, tmp_path):
+    v = V.LongBenchV2(V.LongBenchV2.Args(samples=2, max_new_tokens=4, lengths=[512])) \
+        .run(tiny, None, EvalContext(tmp_path, 0, "float32"))
+    assert len(v["per_sample"]["512"]) == 2 and v["ci"]["512"][0] <= v["accuracy"]["512"] <= v["ci"]["512"][1]
+    recs = [json.loads(x) for x in (tmp_path / "samples" / "longbench_v2.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and all(r["prompt_tokens"] <= 512 - 4 for r in recs) and v["truncated"]["512"] >= 1
+    assert v["accuracy"]["512"] == 100 * sum(r["score"] for r in recs) / 2

@@ -444,3 +444,45 @@ def test_longbench_v2_end_to_end_on_tiny_model(tiny, tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "samples" / "longbench_v2.jsonl").read_text().splitlines()]
     assert len(recs) == 2 and all(r["prompt_tokens"] <= 512 - 4 for r in recs) and v["truncated"]["512"] >= 1
     assert v["accuracy"]["512"] == 100 * sum(r["score"] for r in recs) / 2
+
+
+# --- make tables ----------------------------------------------------------------------------------------------------
+def _extended_metrics(rng, good):
+    C = 256
+    out = {}
+    for name, tasks in (("babilong", B.TASKS), ("helmet_recall", H.TASKS)):
+        ps = {t: {str(L): [100.0 * (rng.random() < good) for _ in range(6)] for L in (C, 2 * C)} for t in tasks}
+        sc = {t: {L: sum(v) / len(v) for L, v in d.items()} for t, d in ps.items()}
+        out[name] = {"average": {L: sum(sc[t][L] for t in tasks) / len(tasks) for L in ("256", "512")},
+                     "tasks": sc, "per_sample": ps, "average_over": {L: list(tasks) for L in ("256", "512")}}
+    ps = {str(L): [float(rng.random() < good / 3) for _ in range(6)] for L in (C, 2 * C)}
+    out["longbench_v2"] = {"accuracy": {L: 100 * sum(v) / 6 for L, v in ps.items()}, "per_sample": ps}
+    return out
+
+
+def test_extended_table_in_make_tables(tmp_path):
+    from test_tables import make_row, write_rows
+
+    from harness.tables import build_all
+
+    rng = random.Random(0)
+    rows = []
+    for rid, method, train, good in (("e1-base", "base", "none", 0.8), ("e2-pi", "pi", "tiny", 0.6)):
+        r = make_row(tmp_path, rid, method, train=train, suites=("ppl",))
+        r["metrics"].update(_extended_metrics(rng, good))
+        r["config"]["eval"]["suite"].update({k: {"name": k} for k in ("babilong", "helmet_recall", "longbench_v2")})
+        rows.append(r)
+    rows[0]["metrics"]["longbench_v2"]["per_sample"]["256"] = [0.0] * 6  # the base at C: no answer parsed
+    rows[0]["metrics"]["longbench_v2"]["accuracy"]["256"] = 0.0
+    out = build_all(write_rows(tmp_path, rows), tmp_path / "tables", figures=False)
+    t = {x.id: x for x in out["tables"]}["extended_tiny_llama"]
+    assert t.header[2:] == [f"{b} {f}C" for b in ("BABILong", "HELMET recall", "LongBench v2") for f in (1, 2)]
+    base = t.rows[0]
+    assert base[1] == "frozen" and len(t.rows) == 2
+    cells = base[2:]
+    bl = rows[0]["metrics"]["babilong"]
+    assert cells[0].ours == pytest.approx(bl["average"]["256"]) and cells[0].n == 30
+    assert cells[0].ci[0] <= cells[0].ours <= cells[0].ci[1] and cells[0].nm is None
+    assert cells[4].nm and "longbench_v2" in cells[4].nm  # the base at C is below chance (25%): not measurable
+    md = (tmp_path / "tables" / "extended_tiny_llama.md").read_text()
+    assert "BABILong 1C" in md and "n.m." in md

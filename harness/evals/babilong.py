@@ -376,6 +376,10 @@ class Babilong:
                     isinstance(x, int) and not isinstance(x, bool) for x in r) and 1 <= r[0] <= r[1]):
                 raise ConfigError(f"babilong.facts.{t}: must be [min, max] with 1 <= min <= max for a task in "
                                   f"{TASKS}, got {r!r}")
+        for k, v in (args.release_splits or {}).items():
+            if not str(k).isdigit() or not isinstance(v, str) or not v:
+                raise ConfigError(f"babilong.release_splits: {k!r}: {v!r} must map a length in tokens to a split "
+                                  f"name such as \"4k\"")
         self.args = args
 
     def check(self, native_ctx: int, where: str) -> None:

@@ -1,5 +1,5 @@
-"""helmet_recall: HELMET's synthetic recall category (Yen et al. 2024, ``princeton-nlp/HELMET``, ``configs/recall.yaml``):
-``json_kv``, ``ruler_niah_mk_2``, ``ruler_niah_mk_3``, ``ruler_niah_mv``; the category score is their mean.
+"""helmet_recall: HELMET's synthetic recall category (Yen et al. 2024, ``princeton-nlp/HELMET``,
+``configs/recall.yaml``): ``json_kv``, ``ruler_niah_mk_2``, ``ruler_niah_mk_3``, ``ruler_niah_mv``; the category score is their mean.
 
 ``json_kv`` (``data.py`` ``load_json_kv``; prompt from ``nelson-liu/lost-in-the-middle`` ``kv_retrieval.prompt``):
 a JSON object of ``k`` UUID keys -> UUID values; prompt ``"{context}\\n\\nExtract the value corresponding to the

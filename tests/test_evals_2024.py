@@ -277,10 +277,11 @@ def test_json_kv_prompt_is_helmets(tok):
         assert x["prompt_tokens"] + 100 <= 1024 and x["prompt_tokens"] == len(tok(x["prompt"]).input_ids)
         key = re.search(r'Key: "([0-9a-f-]{36})"\nCorresponding value:$', x["prompt"]).group(1)
         ctx = x["prompt"].split("\n\nExtract the value")[0]
-        obj = json.loads(ctx)  # the context is the JSON object
-        assert obj[key] == x["answer"] and x["answer"] in ctx and len(obj) == x["k"]
+        obj = json.loads(ctx.split("\n", 1)[1])  # "JSON data:\n" + the object
+        assert ctx.startswith("JSON data:\n{") and obj[key] == x["answer"] and len(obj) == x["k"]
+        assert list(obj).index(key) == round(x["depth"] * (x["k"] - 1))
         demos = re.findall(r'Key: "([0-9a-f-]{36})"\nCorresponding value: ([0-9a-f-]{36})', x["prompt"])
-        assert len(demos) == 2 and all(obj[k] == v for k, v in demos)
+        assert len(demos) == 2 and not any(k in obj for k, _ in demos)
         user = HELMET_JSON_KV_USER.format(context=ctx, question=f'"{key}"', demos="\n\n".join(
             HELMET_JSON_KV_DEMO.format(key=f'"{k}"', value=" " + v) for k, v in demos) + "\n\n")
         assert x["prompt"] == user + "\n" + HELMET_JSON_KV_SYSTEM

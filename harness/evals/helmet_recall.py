@@ -2,7 +2,7 @@
 ``configs/recall.yaml``): ``json_kv``, ``ruler_niah_mk_2``, ``ruler_niah_mk_3``, ``ruler_niah_mv``; the category score is their mean.
 
 ``json_kv`` (``data.py`` ``load_json_kv``; prompt from ``nelson-liu/lost-in-the-middle`` ``kv_retrieval.prompt``):
-a JSON object of ``k`` UUID keys -> UUID values; prompt ``"{context}\\n\\nExtract the value corresponding to the
+``"JSON data:\n"`` + a JSON object of ``k`` UUID keys -> UUID values; prompt ``"{context}\\n\\nExtract the value corresponding to the
 specified key in the JSON object below.\\n\\n{demos}Key: {question}" + "\\n" + "Corresponding value:"`` with
 ``shots: 2`` demos ``"Key: {key}\\nCorresponding value: {value}"`` joined by blank lines; ``generation_max_length:
 100``. Score: ``substring_exact_match`` (``utils.py``: SQuAD ``normalize_answer`` of the gold value is a substring of
@@ -22,12 +22,14 @@ No chat template (``use_chat_template: false`` in ``configs/recall.yaml``). Leng
 tokens (BOS included); HELMET's files are generated for an input budget with the LLaMA-2 / LLaMA-3 tokenizers.
 
 Differences: the JSON-kv samples come from our seeded generator (UUIDs from ``random.Random``, ``uuid4`` layout) rather
-than the released ``data/json_kv/*.jsonl``; the object is formatted as lost-in-the-middle formats it
-(``{"k1": "v1",\\n "k2": "v2", ...}``), the key in the question and the demos in double quotes as there, and the demos
-are two other pairs of the same object: the released files' exact ``context`` / ``demos`` strings were not
-available offline to confirm these three details. The gold pair's position is drawn uniformly (seeded) and its depth
-is recorded (the released file names say ``dep6``). The RULER subsets differ from RULER exactly as the ``ruler``
-evaluator's generator does (word lists, sentence splitter, haystack: its docstring).
+than the released ``data/json_kv/*.jsonl`` (fields ``context, demos, question, answer, depth, num_kvs``). The
+``context`` is lost-in-the-middle's ``"JSON data:\n"`` + the object formatted as there (``{"k1": "v1",\n "k2":
+"v2", ...}``; loaders of the released files parse ``context.split("\n", 1)[1]`` as JSON), the key in the question
+and in the demos is in double quotes as in lost-in-the-middle's ``Key: "{key}"``, and the two demos are UUID pairs of
+their own (not in the object): the released strings were not available offline to confirm the quotes and the
+demos. The gold pair's position is drawn uniformly (seeded) and recorded as ``depth`` (the released files' ``dep6``).
+The RULER subsets differ from RULER exactly as the ``ruler`` evaluator's generator does (word lists, sentence
+splitter, haystack: its docstring).
 
 Scores are 0..100 per task and length; ``average`` is the mean over the tasks that ran at that length (HELMET's
 "Recall"), ``average_over`` names them. The row keeps every sample's score in sample order (``per_sample``), a 95%
@@ -47,7 +49,7 @@ from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_l
 from harness.evals._ruler_data import DoesNotFit, RulerGenerator, _largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import (HELMET_JSON_KV_DEMO, HELMET_JSON_KV_SYSTEM, HELMET_JSON_KV_USER,
-                                     HELMET_PROMPT_JOIN)
+                                     HELMET_PROMPT_JOIN, JSON_KV_CONTEXT)
 from harness.stats import bounded_interval
 
 TASKS = ["json_kv", "ruler_niah_mk_2", "ruler_niah_mk_3", "ruler_niah_mv"]
@@ -105,7 +107,7 @@ def format_kv_records(pairs: list[tuple[str, str]]) -> str:
 def json_kv_prompt(pairs, gold: int, demos: list[tuple[str, str]]) -> str:
     demo_text = "\n\n".join(HELMET_JSON_KV_DEMO.format(key=f'"{k}"', value=" " + v) for k, v in demos)
     demo_text += "\n\n" if demos else ""
-    user = HELMET_JSON_KV_USER.format(context=format_kv_records(pairs), demos=demo_text,
+    user = HELMET_JSON_KV_USER.format(context=JSON_KV_CONTEXT + format_kv_records(pairs), demos=demo_text,
                                       question=f'"{pairs[gold][0]}"')
     return user + "\n" + HELMET_JSON_KV_SYSTEM
 
@@ -120,16 +122,11 @@ class JsonKV:
     def build(self, L: int, index: int, k: int) -> dict:
         rng = random.Random(f"helmet-json_kv-{self.seed}-{L}-{index}")
         u = lambda: str(uuid.UUID(int=rng.getrandbits(128), version=4))  # noqa: E731
-        pairs = [(u(), u()) for _ in range(k + self.shots)]
-        demos, pairs = pairs[:self.shots], pairs[self.shots:]
+        demos = [(u(), u()) for _ in range(self.shots)]  # pairs of their own, not in the object
+        pairs = [(u(), u()) for _ in range(k)]
         gold = rng.randrange(k)
-        # the demos are pairs of the same object, placed among the others
-        pairs_all = list(pairs)
-        for d in demos:
-            pairs_all.insert(rng.randrange(len(pairs_all) + 1), d)
-        g = pairs_all.index(pairs[gold])
-        return {"prompt": json_kv_prompt(pairs_all, g, demos), "answer": pairs[gold][1], "k": len(pairs_all),
-                "depth": round(g / max(len(pairs_all) - 1, 1), 4)}
+        return {"prompt": json_kv_prompt(pairs, gold, demos), "answer": pairs[gold][1], "k": k,
+                "depth": round(gold / max(k - 1, 1), 4)}
 
     def samples(self, L: int, n: int, gen_tokens: int) -> list[dict]:
         budget = L - gen_tokens

@@ -146,6 +146,7 @@ BABILONG_PROMPTS = {
 HELMET_JSON_KV_USER = ("{context}\n\nExtract the value corresponding to the specified key in the JSON object below."
                        "\n\n{demos}Key: {question}")
 HELMET_JSON_KV_SYSTEM = "Corresponding value:"
+JSON_KV_CONTEXT = "JSON data:\n"  # lost-in-the-middle kv_retrieval.prompt: the line before the object
 HELMET_JSON_KV_DEMO = "Key: {key}\nCorresponding value:{value}"
 # load_ruler: user template + "\n" + system template (RULER's answer prefix on its own line, no leading space).
 HELMET_PROMPT_JOIN = "\n"

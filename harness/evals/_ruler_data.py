@@ -438,8 +438,10 @@ class RulerGenerator:
     def __init__(self, tokenizer, seed: int = 42, model_template: str = "base", essay_dir: str = "",
                  squad_path: str = "", hotpotqa_path: str = "", tokens_to_generate: dict | None = None,
                  small_threshold: int = 4096, vt_icl_length: int = 500, essay_increment: int = 500,
-                 remove_newline_tab: bool = False, vt_increment: int = 10):
+                 remove_newline_tab: bool = False, vt_increment: int = 10, answer_prefix_join: str | None = None):
         self.tok, self.seed = tokenizer, seed
+        # None: RULER's answer prefix as is (it starts with a space); a string (HELMET: "\n") replaces that space
+        self.answer_prefix_join = answer_prefix_join
         self.model_template = RULER_MODEL_TEMPLATES.get(model_template, model_template)
         self.essay_dir, self.paths = essay_dir, {"squad": squad_path, "hotpotqa": hotpotqa_path}
         self.ttg_override = dict(tokens_to_generate or {})
@@ -481,7 +483,9 @@ class RulerGenerator:
 
     def template(self, kind: str) -> str:
         t = RULER_TASKS[kind]
-        return self.model_template.format(task_template=t["template"]) + t["answer_prefix"]
+        prefix = t["answer_prefix"] if self.answer_prefix_join is None else \
+            self.answer_prefix_join + t["answer_prefix"].lstrip(" ")
+        return self.model_template.format(task_template=t["template"]) + prefix
 
     def unavailable(self, task: str) -> str | None:
         """Reason the task cannot run here (qa data missing), else None."""

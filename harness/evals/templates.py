@@ -71,6 +71,93 @@ RULER_TASKS = {
 # RULER scripts/data/template.py: the model template wraps the task template; the answer prefix follows it.
 RULER_MODEL_TEMPLATES = {"base": "{task_template}", "meta-chat": "[INST] {task_template} [/INST]"}
 
+# --- BABILong (Kuratov et al. 2024; booydar/babilong babilong/prompts.py, qa1-qa5; ’ quotes as in the original) --
+BABILONG_TEMPLATE = "{instruction}\n{examples}\n{post_prompt}\n<context>\n{context}\n</context>\nQuestion: {question}"
+BABILONG_PROMPTS = {
+    "qa1": {
+        "instruction": "I will give you context with the facts about positions of different persons hidden in some "
+                       "random text and a question. You need to answer the question based only on the information "
+                       "from the facts. If a person was in different locations, use the latest location to answer "
+                       "the question.",
+        "examples": "<example>\nCharlie went to the hallway. Judith come back to the kitchen. Charlie travelled to "
+                    "balcony. Where is Charlie?\nAnswer: The most recent location of Charlie is balcony.\n"
+                    "</example>\n\n<example>\nAlan moved to the garage. Charlie went to the beach. Alan went to the "
+                    "shop. Rouse travelled to balcony. Where is Alan?\nAnswer: The most recent location of Alan is "
+                    "shop.\n</example>",
+        "post_prompt": "Always return your answer in the following format: The most recent location of ’person’ is "
+                       "’location’. Do not write anything else after that. ",
+    },
+    "qa2": {
+        "instruction": "I give you context with the facts about locations and actions of different persons hidden in "
+                       "some random text and a question.You need to answer the question based only on the "
+                       "information from the facts.\nIf a person got an item in the first location and travelled to "
+                       "the second location the item is also in the second location. If a person dropped an item in "
+                       "the first location and moved to the second location the item remains in the first location.",
+        "examples": "<example>\nCharlie went to the kitchen. Charlie got a bottle. Charlie moved to the balcony. "
+                    "Where is the bottle?\nAnswer: The bottle is in the balcony.\n</example>\n<example>\nAlan moved "
+                    "to the garage. Alan got a screw driver. Alan moved to the kitchen. Where is the screw driver?\n"
+                    "Answer: The screw driver is in the kitchen.\n</example>",
+        "post_prompt": "Always return your answer in the following format: The ’item’ is in ’location’. Do not write "
+                       "anything else after that.",
+    },
+    "qa3": {
+        "instruction": "I give you context with the facts about locations and actions of different persons hidden in "
+                       "some random text and a question. You need to answer the question based only on the "
+                       "information from the facts.\nIf a person got an item in the first location and travelled to "
+                       "the second location the item is also in the second location. If a person dropped an item in "
+                       "the first location and moved to the second location the item remains in the first location",
+        "examples": "<example>\nJohn journeyed to the bedroom.Mary grabbed the apple. Mary went back to the "
+                    "bathroom. Daniel journeyed to the bedroom. Daniel moved to the garden. Mary travelled to the "
+                    "kitchen. Where was the apple before the kitchen?\nAnswer: Before the kitchen the apple was in "
+                    "the bathroom.\n</example>\n<example>\nJohn went back to the bedroom. John went back to the "
+                    "garden. John went back to the kitchen. Sandra took the football. Sandra travelled to the "
+                    "garden. Sandra journeyed to the bedroom. Where was the football before the bedroom?\nAnswer: "
+                    "Before the kitchen the football was in the garden.\n</example>",
+        "post_prompt": "Always return your answer in the following format: Before the $location_1& the $item$ was in "
+                       "the $location_2$. Do not write anything else after that.",
+    },
+    "qa4": {
+        "instruction": "I will give you context with the facts about different people, their location and actions, "
+                       "hidden in some random text and a question. You need to answer the question based only on the "
+                       "information from the facts.",
+        "examples": "<example>\nThe hallway is south of the kitchen. The bedroom is north of the kitchen. What is "
+                    "the kitchen south of?\nAnswer: bedroom\n</example>\n<example>\nThe garden is west of the "
+                    "bedroom. The bedroom is west of the kitchen. What is west of the bedroom?\nAnswer: garden\n"
+                    "</example>",
+        "post_prompt": "Your answer should contain only one word - location. Do not write anything else after that.",
+    },
+    "qa5": {
+        "instruction": "I will give you context with the facts about locations and their relations hidden in some "
+                       "random text and a question. You need to answer the question based only on the information "
+                       "from the facts.",
+        "examples": "<example>\nMary picked up the apple there. Mary gave the apple to Fred. Mary moved to the "
+                    "bedroom. Bill took the milk there. Who did Mary give the apple to?\nAnswer: Fred\n</example>\n"
+                    "<example>\nJeff took the football there. Jeff passed the football to Fred. Jeff got the milk "
+                    "there. Bill travelled to the bedroom. Who gave the football?\nAnswer: Jeff\n</example>\n"
+                    "<example>\nFred picked up the apple there. Fred handed the apple to Bill. Bill journeyed to the "
+                    "bedroom. Jeff went back to the garden. What did Fred give to Bill?\nAnswer: apple\n</example>",
+        "post_prompt": "Your answer should contain only one word. Do not write anything else after that. Do not "
+                       "explain your answer.",
+    },
+}
+
+# --- HELMET recall (Yen et al. 2024; princeton-nlp/HELMET data.py load_json_kv / load_ruler) ----------------------
+# json_kv: the prompt of nelson-liu/lost-in-the-middle kv_retrieval.prompt, context first (HELMET's order).
+HELMET_JSON_KV_USER = ("{context}\n\nExtract the value corresponding to the specified key in the JSON object below."
+                       "\n\n{demos}Key: {question}")
+HELMET_JSON_KV_SYSTEM = "Corresponding value:"
+JSON_KV_CONTEXT = "JSON data:\n"  # lost-in-the-middle kv_retrieval.prompt: the line before the object
+HELMET_JSON_KV_DEMO = "Key: {key}\nCorresponding value:{value}"
+# load_ruler: user template + "\n" + system template (RULER's answer prefix on its own line, no leading space).
+HELMET_PROMPT_JOIN = "\n"
+
+# --- LongBench v2 (Bai et al. 2024; THUDM/LongBench prompts/0shot.txt, the 0-shot no-CoT template) -----------------
+LONGBENCH_V2_TEMPLATE = (
+    "Please read the following text and answer the question below.\n\n<text>\n$DOC$\n</text>\n\nWhat is the correct "
+    "answer to this question: $Q$\nChoices:\n(A) $C_A$\n(B) $C_B$\n(C) $C_C$\n(D) $C_D$\n\nFormat your response as "
+    "follows: \"The correct answer is (insert answer here)\"."
+)
+
 EVAL_FRAGMENTS = (
     PASSKEY_TASK,
     PASSKEY_GARBAGE,
@@ -85,4 +172,13 @@ EVAL_FRAGMENTS = (
     "appear most often in the list",
     "three most frequently appeared",
     "Answer the question based on the given documents",
+    "hidden in some random text",
+    "hidden in some random text and a question",
+    "The most recent location of",
+    "Always return your answer in the following format",
+    "Your answer should contain only one word",
+    "Extract the value corresponding to the specified key",
+    "Corresponding value:",
+    "Please read the following text and answer the question below",
+    "The correct answer is (insert answer here)",
 )

@@ -602,6 +602,42 @@ def summary_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
     return [t for t in (summary_table(rs, paper, model, "passkey"), summary_table(rs, paper, model, "ppl_pg19")) if t]
 
 
+EXTENDED = (("babilong", "BABILong"), ("helmet_recall", "HELMET recall"), ("longbench_v2", "LongBench v2"))
+
+
+def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    """The 2024 benchmarks (``eval=extended``): one row per configuration, one column per benchmark and length
+    (multiples of C), ours with its 95% interval (0..100); no paper numbers (the controlled study has none)."""
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    cols = [(src, lab, f) for src, lab in EXTENDED
+            for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src, est.METRIC[src])})]
+    if not cols:
+        return None
+    floors = {src: est.floor(rs, model, src) for src, _ in EXTENDED}
+    t = Table(f"extended_{model}", f"Measured here: BABILong, HELMET recall, LongBench v2 ({model})",
+              ["Method", "Training"] + [f"{lab} {f:g}C" for _, lab, f in cols], label_cols=2,
+              notes=[f"C = {ents[0].native_ctx} tokens; ours only, each cell with its 95% interval. BABILong: mean "
+                     "accuracy over qa1-qa5; HELMET recall: mean of json_kv and RULER MK-2/MK-3/MV; LongBench v2: "
+                     "accuracy (%). Every score 0..100."])
+    for e in ents:
+        cells = []
+        for src, _, f in cols:
+            c = Cell(decimals=1).fill(est.at(rs, e, src, f), 1.0, src)
+            if not floors[src].measurable and c.ours is not None:
+                c.nm = floors[src].reason
+            cells.append(c)
+        if all(c.ours is None for c in cells):
+            continue
+        tr = "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
+                                        e.native_ctx else "fine-tuned")
+        t.add([e.label, tr], cells, e)
+    if not t.rows:
+        return None
+    t.legend = rs.legend(t.entries)
+    t.footnotes += rs.footnotes(model)
+    return t
+
+
 BUILDERS = (table1, ppl_table, ruler_table, longbench_table, table9, entropy_abf_table, longrope_short_table)
 
 
@@ -610,7 +646,7 @@ def build_tables(rs: RowSet, paper: Paper, errors: list | None = None) -> list[T
     ``errors``) and skipped, so one malformed row never blocks the other tables."""
     out = []
     for model in rs.models():
-        for b in BUILDERS + (ruler_subtask_tables, summary_tables):
+        for b in BUILDERS + (ruler_subtask_tables, summary_tables, extended_table):
             try:
                 t = b(rs, paper, model)
             except Exception as ex:  # noqa: BLE001 - reported, not hidden

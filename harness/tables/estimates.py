@@ -155,8 +155,23 @@ def pooled(ests: list[Est | None]) -> Est | None:
                keys=tuple(k for e in ests for k in e.keys))
 
 
+def accuracy_pct(m: dict, L) -> Est | None:
+    """LongBench v2: ``accuracy[L]`` in % and ``per_sample[L]`` (0/1, 0.25 when compensated; item order: paired)."""
+    v = num(_series(m, "accuracy", L))
+    if v is None:
+        return None
+    x = _series(m, "per_sample", L)
+    if not isinstance(x, list) or not x:
+        return Est(v, kind="bounded", top=100.0, note="per-item scores not in the row")
+    x = [100.0 * float(s) for s in x]
+    est = stats.bounded_interval(x, 100.0)
+    return Est(v, est[1], est[2], len(x), "items", "bounded", x, True, top=100.0)
+
+
+# babilong and helmet_recall rows have RULER's shape (average / average_over / tasks / per_sample[task][L], 0..100)
 READERS = {"passkey": ("passkey", passkey), "niah": ("niah", niah), "ruler": ("ruler", ruler_average),
-           "ppl_pg19": ("ppl", ppl), "ppl_proofpile": ("ppl", ppl)}
+           "ppl_pg19": ("ppl", ppl), "ppl_proofpile": ("ppl", ppl), "babilong": ("babilong", ruler_average),
+           "helmet_recall": ("helmet_recall", ruler_average), "longbench_v2": ("longbench_v2", accuracy_pct)}
 
 
 def at(rs: RowSet, e: Entry, source: str, factor: float, reader=None) -> Est | None:
@@ -222,7 +237,8 @@ def lengths_of(rs: RowSet, e: Entry, source: str, metric: str) -> list[float]:
 
 
 # -- floors and ceilings ------------------------------------------------------------------------------------------
-METRIC = {"passkey": "accuracy", "niah": "score", "ruler": "average"}
+METRIC = {"passkey": "accuracy", "niah": "score", "ruler": "average", "babilong": "average",
+          "helmet_recall": "average", "longbench_v2": "accuracy"}
 
 
 @dataclass

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         if not m.ode_down_proj.any():
             print(f"{c}: no trained CLEX parameters (W_down is zero)")
             continue
-        print(f"{c}: max |W_down| {float(m.ode_down_proj.abs().max()):.4g}; max / mean |dlog theta| at t = " +
+        print(f"{c}: max |W_down| {float(m.ode_down_proj.detach().abs().max()):.4g}; max / mean |dlog theta| at t = " +
               ", ".join(f"{t}: {mx} / {mn}" for t, (mx, mn) in drift(m).items()))
         ls = losses(Path(c))
         if ls:

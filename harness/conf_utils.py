@@ -20,13 +20,19 @@ def _ctx(multiple, _root_):
     return int(round(int(_root_.model.native_ctx) * float(multiple)))
 
 
+def _mul(a, b):
+    """``${mul:a,b}`` -> a x b (an int when the product is whole)."""
+    x = float(a) * float(b)
+    return int(x) if x == int(x) else x
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
     if not OmegaConf.has_resolver("ctx"):
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
-        OmegaConf.register_new_resolver("mul", lambda a, b: int(float(a) * float(b)) if float(a) * float(b) == int(float(a) * float(b)) else float(a) * float(b))
+        OmegaConf.register_new_resolver("mul", _mul)
 
 
 register_resolvers()

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ merge into the run's single results row; a rerun skips the shards already finish
     python run.py experiment=paper_llama2 point=paper_llama2/ntk_32k +shard=train          # fine-tune once
     python run.py -m experiment=paper_llama2 point=paper_llama2/ntk_32k \\
         +shard=ppl_pg19@65536,niah@65536,ruler@32768,ruler@65536 hydra/launcher=slurm_a100   # shards in parallel
-    python run.py experiment=tiny_study point=tiny_study/pi +shard=all                     # everything missing, in order
+    python run.py experiment=tiny_study point=tiny_study/pi +shard=all          # everything missing, in order
     python -m harness.shards plan experiment=paper_llama2 point=paper_llama2/ntk_32k       # list the shards
 
 How it fits together:
@@ -16,8 +16,8 @@ How it fits together:
   Rerunning the same command therefore finds the same row; to start over, delete that directory and row.
 - Shards (``plan``): ``train`` when the train config is enabled, then for every suite entry one shard per evaluation
   length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for the evaluators in ``BY_LENGTH``, or one
-  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid). ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job)
-  or ``train``.
+  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid).
+  ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job) or ``train``.
 - A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
   status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
   files are the source of truth: a merge rebuilds the row's metrics from all of them.
@@ -285,8 +285,8 @@ def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
             node["min_tokens"] = max(int(L) for L in node["lengths"])
         node["lengths"] = [shard.length]
     ev = build_evaluators({shard.entry: node})[0]
-    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
-                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
+    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed),
+                      autocast=str(cfg.get("autocast", "auto")), batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
     return ev.run(handle, method, ctx)
 
 

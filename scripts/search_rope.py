@@ -35,7 +35,8 @@ from harness.config import to_args  # noqa: E402
 
 def default_out(cfg) -> Path:
     seed = f"_s{cfg.seed}" if int(cfg.seed) else ""
-    return Path(cfg.paths.results_dir) / "factors" / f"{cfg.model.name}_{cfg.search.name}_{cfg.target_length}{seed}.json"
+    name = f"{cfg.model.name}_{cfg.search.name}_{cfg.target_length}{seed}.json"
+    return Path(cfg.paths.results_dir) / "factors" / name
 
 
 def weights_digest(path: str) -> str:

@@ -7,14 +7,22 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_llama
+
 from harness.methods.rope import set_rope_parameters
 from harness.search import SearchArgs, build_space, rescale_factors, run_search
 from harness.search import critical_dim as cd
 from harness.search.evolution import Candidate, Evolution, Space, crossover, is_valid, mutate, project
-from harness.search.fitness import (ANSWER, Fitness, apply_factors, candidate_rope, masked_ppl, needle_document,
-                                    ppl_with_current_rope, remove_start_tokens)
+from harness.search.fitness import (
+    ANSWER,
+    Fitness,
+    apply_factors,
+    candidate_rope,
+    masked_ppl,
+    needle_document,
+    ppl_with_current_rope,
+    remove_start_tokens,
+)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from harness.evals.templates import EVAL_FRAGMENTS
 

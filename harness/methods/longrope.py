@@ -32,8 +32,14 @@ import torch
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import (KV_CACHE_MODES, default_inv_freq, make_length_dependent, rope_dims,
-                                  rotary_modules, set_rope_parameters)
+from harness.methods.rope import (
+    KV_CACHE_MODES,
+    default_inv_freq,
+    make_length_dependent,
+    rope_dims,
+    rotary_modules,
+    set_rope_parameters,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "longrope"
 DEFAULT_FILE = ASSETS / "tiny_llama_512_4096.json"
@@ -45,7 +51,8 @@ def load_factors(path: str | Path, rotary_half: int | None, native_ctx: int | No
     counts are not checked (before the model is loaded)."""
     p = Path(path) if path else DEFAULT_FILE
     if not p.is_file():
-        raise ConfigError(f"LongRoPE factors file not found: {p} (method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
+        raise ConfigError(f"LongRoPE factors file not found: {p} "
+                          f"(method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
     try:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:

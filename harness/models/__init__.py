@@ -51,7 +51,8 @@ def resolve_attn_implementation(requested: str) -> str:
     if requested == "flash_attention_2":
         has_fa = importlib.util.find_spec("flash_attn") is not None
         if not (has_fa and torch.cuda.is_available()):
-            warnings.warn("flash_attention_2 needs the flash-attn package and a CUDA GPU; falling back to sdpa")
+            warnings.warn("flash_attention_2 needs the flash-attn package and a CUDA GPU; falling back to sdpa",
+                          stacklevel=2)
             return "sdpa"
     return requested
 

@@ -114,7 +114,8 @@ def build_space(a: SearchArgs, d: int, base: float, C: int, s: float) -> Space:
                  n_hat_grid=tuple(int(n) for n in (a.n_hat_grid or [0])))
 
 
-def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s: float, seed: int = 0) -> list[Candidate]:
+def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s: float,
+                    seed: int = 0) -> list[Candidate]:
     """PI / NTK / YaRN factors (LongRoPE's seeds), optional ramps and random monotone vectors (useful for LongRoPE2,
     where PI / NTK / YaRN all project to the flat vector ``s`` above the critical pair), and ``init_factors``."""
     vecs = {"pi": cd.pi_factors(d, s), "ntk": cd.ntk_factors(d, s), "yarn": cd.yarn_factors(d, s, base, C),

@@ -177,7 +177,8 @@ def needle_document(tokenizer, haystack: list[int], length: int, rng: random.Ran
     needle at random depths + question + answer. Returns (ids, answer_mask over ids, key)."""
     key = rng.randint(10 ** (digits - 1), 10 ** digits - 1)
     enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
-    needle, question, answer = enc(" " + NEEDLE.format(key=key) + " "), enc("\n" + QUESTION), enc(ANSWER.format(key=key))
+    needle, question = enc(" " + NEEDLE.format(key=key) + " "), enc("\n" + QUESTION)
+    answer = enc(ANSWER.format(key=key))
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     n_hay = length - len(bos) - needles * len(needle) - len(question) - len(answer)
     if n_hay < needles or len(haystack) < n_hay:

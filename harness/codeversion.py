@@ -45,7 +45,7 @@ def _versions(*packages: str) -> dict:
 def data_code_version() -> dict:
     """The data builders (every file under ``harness/data``, so a synthetic kind added later is covered) and the
     evaluation-template filter they apply, plus the library versions that tokenise and shuffle."""
-    files = list((HARNESS / "data").rglob("*.py")) + [HARNESS / "evals" / "templates.py"]
+    files = list((HARNESS / "data").rglob("*.py")) + [HARNESS / "contamination.py"]
     return {"code": digest(files), **_versions("numpy", "tokenizers", "transformers")}
 
 

@@ -87,8 +87,8 @@ def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
     needle documents (another seed, the haystack window after the ppl window)."""
     import math
 
+    from harness.device import resolve_dtype
     from harness.evals import EvalContext
-    from harness.evals.common import resolve_dtype
     from harness.evals.ppl import Perplexity
     from harness.methods.rope import rebuild_rotary, set_rope_parameters
     from harness.search.fitness import apply_factors, needle_documents, ppl_with_current_rope, remove_start_tokens

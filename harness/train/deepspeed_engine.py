@@ -96,7 +96,7 @@ def bf16_enabled(a: TrainArgs) -> bool:
     if a.autocast == "bfloat16":
         return True
     if a.autocast == "auto":
-        from harness.evals.common import resolve_dtype
+        from harness.device import resolve_dtype
 
         return resolve_dtype("auto") == torch.bfloat16
     return False

@@ -38,15 +38,16 @@ def register_resolvers() -> None:
 register_resolvers()
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose the run config exactly as ``run.py`` would (for scripts and tests)."""
+def compose(overrides: list[str] | None = None, config_name: str = "config", with_hydra: bool = False):
+    """Compose the run config exactly as ``run.py`` would (for scripts and tests); the one compose helper
+    (``harness.sweeps.compose`` is this). ``with_hydra``: include the ``hydra`` node (launcher, sweeper, dirs)."""
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name=config_name, overrides=overrides or [], return_hydra_config=False)
+        return hcompose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=with_hydra)
 
 
 def group_defaults(group: str, name: str) -> dict:

@@ -135,7 +135,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
-def new_row(run_id: str, cfg: dict, names: dict, run_dir: str | Path) -> dict:
+GROUPS = ("model", "method", "data", "train", "eval")  # the config groups a row names (its columns in the tables)
+
+
+def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> dict:
+    """The one constructor of a ``running`` row: ``names`` None = each group's ``name`` in ``cfg`` (``GROUPS``)."""
+    if names is None:
+        names = {g: (cfg.get(g) or {}).get("name") for g in GROUPS}
     row = {k: None for k in ROW_FIELDS}
     row.update(schema=SCHEMA_VERSION, run_id=run_id, status="running", time_start=now_iso(), metrics={}, timings={},
                config=cfg, config_hash=config_hash(cfg), git_sha=git_sha(), command=" ".join(sys.argv),

@@ -192,23 +192,13 @@ def deep_merge(a, b):
 
 
 # ------------------------------------------------------------------------------------------------------ the row
-def _new_row(cfg, rdir: Path) -> dict:
-    from harness.pipeline import GROUPS
-
-    plain = plain_config(cfg)
-    names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
-    row = results.new_row(run_id(cfg), plain, names, rdir)
-    row["shards"] = {}
-    return row
-
-
 def merge(cfg, rdir: Path | None = None) -> dict:
     """Rebuild the row from the shard files (atomic, under the row's lock) and return it."""
     rdir = Path(rdir or run_dir(cfg))
     rid = run_id(cfg)
     rpath = results.row_path(cfg.paths.results_dir, rid)
     with file_lock(rpath.with_suffix(".lock")):
-        row = read_json(rpath) or _new_row(cfg, rdir)
+        row = read_json(rpath) or {**results.new_row(rid, plain_config(cfg), None, rdir), "shards": {}}
         shards = plan(cfg)
         metrics, timings, status, errors = {}, dict(row.get("timings") or {}), {}, []
         for s in shards:
@@ -275,33 +265,36 @@ def _load(cfg, rdir: Path):
     return pipeline.load_and_extend(cfg, method), method
 
 
-def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
-    from harness.evals import EvalContext, build_evaluators
-
+def shard_suite(cfg, shard: Shard) -> dict:
+    """The one-entry suite a shard evaluates: the entry's node, its ``lengths`` replaced by ``[shard.length]``."""
     node = OmegaConf.to_container(cfg.eval.suite[shard.entry], resolve=True)
     if shard.length is not None:
         # ppl, yarn protocol: documents long enough for the largest length of the entry (longlora: no filter, LCEG)
         if node.get("min_tokens") == 0 and node.get("protocol", "yarn") == "yarn":
             node["min_tokens"] = max(int(L) for L in node["lengths"])
         node["lengths"] = [shard.length]
-    ev = build_evaluators({shard.entry: node})[0]
-    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed),
-                      autocast=str(cfg.get("autocast", "auto")), batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
-    return ev.run(handle, method, ctx)
+    return {shard.entry: node}
+
+
+def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
+    """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard)."""
+    from harness import pipeline
+
+    ((_, out, _),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name, shard_suite(cfg, shard))
+    return out
 
 
 def run(cfg, log=print) -> dict:
     """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
     fails (after recording it, so the row says which one and why)."""
-    from harness.pipeline import one_line
+    from harness.pipeline import one_line, write_run_file
 
     spec = str(cfg[SHARD_KEY])
     rdir = run_dir(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
+    row = merge(cfg, rdir)  # the row exists (status running) from the first job on
     if not (rdir / "run.json").exists():
-        results.atomic_write_json(rdir / "run.json", {"run_id": run_id(cfg), "command": " ".join(sys.argv),
-                                                      "git_sha": results.git_sha(), "config": plain_config(cfg)})
-    merge(cfg, rdir)  # the row exists (status running) from the first job on
+        write_run_file(rdir, row)
     todo = [s for s in select(cfg, spec) if not is_done(rdir, s)]
     skipped = [s.name for s in select(cfg, spec) if s not in todo]
     if skipped:
@@ -339,7 +332,7 @@ def run(cfg, log=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m harness.shards plan <overrides>``: print the run id, its directory and every shard's state."""
-    from harness.sweeps import compose
+    from harness.conf_utils import compose
 
     if not argv or argv[0] != "plan":
         print(__doc__.split("\n\n")[1])

@@ -245,7 +245,7 @@ def _train(cfg, rdir: Path, log) -> None:
     from harness import pipeline
 
     method, train = pipeline.validate(cfg)
-    handle = pipeline.load_and_extend(cfg, method)
+    handle = pipeline.load_and_extend(cfg, method, train)  # as run.py: with train, the convergence gate's baseline
     info = pipeline.finetune(cfg, handle, method, train, {"run_dir": str(rdir)})
     results.atomic_write_json(rdir / "checkpoint" / "train_info.json", info)  # last: marks the shard finished
     log(f"shard train: done ({info.get('steps')} steps)")

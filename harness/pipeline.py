@@ -194,7 +194,8 @@ def resume_key(cfg) -> str:
 
 def evaluations(cfg, handle, method, run_dir: str | Path, suite: dict | None = None):
     """Run the evaluators of ``suite`` (default: the config's whole ``eval.suite``; ``harness.shards`` passes one
-    entry restricted to one length) with one shared context; yields ``(entry, output, seconds)`` in suite order."""
+    entry restricted to one length) with one shared context; yields ``(entry, output, seconds, version)`` in suite
+    order (``version``: the evaluator's, :func:`eval_version`)."""
     ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
     if suite is None:
@@ -202,12 +203,18 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: dict | None = N
     for key, ev in zip(suite, build_evaluators(suite)):
         t0 = time.time()
         out = ev.run(handle, method, ctx)
-        yield key, out, round(time.time() - t0, 2)
+        yield key, out, round(time.time() - t0, 2), eval_version(ev)
+
+
+def eval_version(ev) -> int:
+    """An evaluator's ``version`` class attribute (1 when it has none: files written before versions existed)."""
+    return int(getattr(ev, "version", 1))
 
 
 def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
-    for key, out, seconds in evaluations(cfg, handle, method, row["run_dir"]):
+    for key, out, seconds, version in evaluations(cfg, handle, method, row["run_dir"]):
         row["metrics"][key] = out
+        row.setdefault("eval_versions", {})[key] = version
         row["timings"][f"eval.{key}"] = seconds
         results.write_row(cfg.paths.results_dir, row)  # partial progress is never lost
         if on_result:

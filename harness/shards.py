@@ -200,7 +200,7 @@ def merge(cfg, rdir: Path | None = None) -> dict:
     with file_lock(rpath.with_suffix(".lock")):
         row = read_json(rpath) or {**results.new_row(rid, plain_config(cfg), None, rdir), "shards": {}}
         shards = plan(cfg)
-        metrics, timings, status, errors = {}, dict(row.get("timings") or {}), {}, []
+        metrics, timings, status, errors, versions = {}, dict(row.get("timings") or {}), {}, [], {}
         for s in shards:
             if s.name == "train":
                 info = read_json(rdir / "checkpoint" / "train_info.json")
@@ -216,12 +216,15 @@ def merge(cfg, rdir: Path | None = None) -> dict:
             status[s.name] = rec["status"]
             if rec["status"] == "ok":
                 metrics[s.entry] = deep_merge(metrics.get(s.entry, {}), rec["result"])
+                if rec.get("eval_version") is not None:
+                    versions[s.entry] = rec["eval_version"]
                 timings[f"eval.{s.name}"] = rec.get("seconds")
                 if rec.get("method_params") is not None:
                     row["method_params"] = rec["method_params"]
             else:
                 errors.append(f"shard {s.name}: {rec.get('error')}")
         row["metrics"], row["timings"], row["shards"] = metrics, timings, status
+        row["eval_versions"] = versions
         if errors:
             row["status"], row["error"] = "failed", errors[0]
             row["time_end"] = results.now_iso()
@@ -276,12 +279,14 @@ def shard_suite(cfg, shard: Shard) -> dict:
     return {shard.entry: node}
 
 
-def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
-    """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard)."""
+def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> tuple[dict, int]:
+    """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard):
+    (output, evaluator version)."""
     from harness import pipeline
 
-    ((_, out, _),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name, shard_suite(cfg, shard))
-    return out
+    ((_, out, _, version),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name,
+                                                   shard_suite(cfg, shard))
+    return out, version
 
 
 def run(cfg, log=print) -> dict:
@@ -310,9 +315,9 @@ def run(cfg, log=print) -> dict:
             else:
                 if loaded is None:
                     loaded = _load(cfg, rdir)
-                out = _evaluate(cfg, rdir, s, *loaded)
+                out, version = _evaluate(cfg, rdir, s, *loaded)
                 _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
-                        method_params=loaded[1].params())
+                        method_params=loaded[1].params(), eval_version=version)
                 log(f"shard {s.name}: done in {time.time() - t0:.1f} s")
         except Exception as e:  # noqa: BLE001 - a failed shard is recorded, the others still run
             failure = failure or e

@@ -14,8 +14,8 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A unit is a top-level module (``results``) or a package (``evals``: all its modules).
 FLOORS = [
-    ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "registry", "results", "stats",
-                "tracking"}),
+    ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "results", "stats", "tracking"}),
+    ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
     ("components", {"models", "methods", "data"}),
     ("consumers", {"evals", "train", "tables"}),
     ("search", {"search"}),
@@ -143,3 +143,63 @@ def test_template_filter_catches_the_evaluation_templates(name):
     texts = ([t["template"] + t["answer_prefix"] for t in value.values()] if isinstance(value, dict) else [value])
     for text in texts:
         assert contains_eval_template(text), (name, text[:80])
+
+
+# -- typed contracts: the one builder of a component --------------------------------------------------------------
+def test_registry_build_fills_the_name_and_checks_the_node():
+    from dataclasses import dataclass
+
+    from harness.config import ConfigError
+    from harness.registry import Registry
+
+    reg = Registry("thing", "harness.methods")  # the package only matters for autoload; mark it loaded
+    reg._loaded = True
+
+    @dataclass
+    class NewArgs:
+        name: str = ""  # a file in the new style: no name default
+        k: int = 1
+
+    @reg.register("new")
+    class New:
+        Args = NewArgs
+
+        def __init__(self, args):
+            self.args = args
+
+    @reg.register("old")
+    class Old:  # today's style: the Args repeats its registered name
+        @dataclass
+        class Args:
+            name: str = "old"
+            k: int = 1
+
+        def __init__(self, args):
+            self.args = args
+
+    assert reg.build({"name": "new", "k": 3}, "thing=new").args == NewArgs(name="new", k=3)
+    assert reg.build({"k": 2}, "suite.x", name="new").args.name == "new"  # looked up by key, name filled
+    assert reg.build({"name": "old"}, "thing=old").args.name == "old"
+    assert reg.build({}, "thing=old", name="old", defaults={"k": 5}).args.k == 5  # YAML defaults under the node
+    assert reg.build({"name": "old", "k": 7}, "thing=old", defaults={"k": 5}).args.k == 7
+    cls, args = reg.args({"name": "new"}, "thing=new")
+    assert cls is New and args.k == 1
+    with pytest.raises(ConfigError, match=r"thing=nope: unknown thing 'nope'"):
+        reg.build({"name": "nope"}, "thing=nope")
+    with pytest.raises(ConfigError, match=r"thing=new: .*valid keys: name, k"):
+        reg.build({"name": "new", "kk": 1}, "thing=new")
+    with pytest.raises(ConfigError, match="has no name"):
+        reg.build({}, "thing")
+
+
+def test_evaluator_version_defaults_to_one():
+    from harness.evals import build_evaluators
+    from harness.pipeline import eval_version
+
+    (ev,) = build_evaluators({"passkey": {"name": "passkey", "lengths": [64]}})
+    assert eval_version(ev) == int(getattr(type(ev), "version", 1)) >= 1
+
+    class Bumped:
+        version = 3
+
+    assert eval_version(Bumped()) == 3

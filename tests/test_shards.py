@@ -153,6 +153,7 @@ def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):
     # every metric, not only the headline ones: the shards ran the pipeline's own evaluation stage
     assert other["metrics"] == row["metrics"]
     assert other["method_params"] == row["method_params"]
+    assert other["eval_versions"] == row["eval_versions"] == {"ppl_books": 1, "passkey": 1}
     for k in ("model", "method", "data", "train", "eval", "config", "config_hash", "schema"):
         assert other[k] == row[k], k
     # one run.json writer: the same fields in a plain run's directory and a sharded run's

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run test test-slow bench bench-gpu bench-gpu-smoke plan tables findings study status tiny-model clean
+.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke plan tables findings study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -29,7 +29,10 @@ run: setup ## the embedded default: frozen base, then YaRN fine-tuned at 8C; two
 	$(PY) run.py method=base train=none eval=run
 	$(PY) run.py method=yarn train=quick eval=run
 
-test: setup ## the default test tier (fast; includes the e2e smoke and the 2-rank ZeRO-3 test)
+lint: setup ## ruff (rules in pyproject.toml); `.venv/bin/ruff check --fix .` repairs the safe ones
+	$(PY) -m ruff check .
+
+test: setup lint ## lint, then the default test tier (fast; includes the e2e smoke and the 2-rank ZeRO-3 test)
 	$(PY) -m pytest -q
 
 test-slow: setup ## the slow tier (SmolLM2, longer runs)

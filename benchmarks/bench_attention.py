@@ -189,7 +189,7 @@ def backends() -> dict:
 def run() -> dict:
     rows = {m: measure(m) for m in METHODS}
     base = rows["base"].get("peak_increase_mb")
-    for m, r in rows.items():
+    for r in rows.values():
         if base and "peak_increase_mb" in r:
             r["peak_vs_base"] = round(r["peak_increase_mb"] / base, 3) if base > 0 else None
     limit = {m: rows[m].get("peak_vs_base") for m in ("self_extend", "lm_infinite")}

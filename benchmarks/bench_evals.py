@@ -104,10 +104,10 @@ def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")
 
             fns = {"forward": forward}
             for p, ev in evs.items():
-                fns[p] = lambda ev=ev, ctx=ctx: ev.run(handle, None, ctx)  # noqa: E731
+                fns[p] = lambda ev=ev, ctx=ctx: ev.run(handle, None, ctx)
             jobs[L] = fns
             # the evaluator must score what the bench times: one window of L tokens per protocol
-            for p, ev in evs.items():
+            for ev in evs.values():
                 r = ev.run(handle, None, ctx)
                 assert r["scored"][str(L)]["windows"] == 1 and r["scored"][str(L)]["tokens"] == L - 1, r["scored"]
         wall = {L: {k: [] for k in fns} for L, fns in jobs.items()}

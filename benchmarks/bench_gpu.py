@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -103,9 +102,9 @@ def method_config(name: str, smoke: bool) -> dict:
         return group_defaults("method", name)
     if name == "entropy_abf":  # the original's base 500,000 (the YAML holds the tiny analogue)
         return {**group_defaults("method", name), "rope_theta": 500000.0}
-    from harness.sweeps import compose
-
     from omegaconf import OmegaConf
+
+    from harness.sweeps import compose
 
     cfg = compose(["experiment=paper_llama2", f"point=paper_llama2/{name}"])
     return OmegaConf.to_container(cfg.method, resolve=True)

@@ -41,9 +41,9 @@ ZERO3_STEPS = 6
 
 
 def _model(vocab=4096):
-    from harness.models.tiny_llama import tiny_config
-
     from transformers import LlamaForCausalLM
+
+    from harness.models.tiny_llama import tiny_config
 
     torch.manual_seed(0)
     cfg = tiny_config(vocab, 10000.0, 1, 2, 3)
@@ -167,7 +167,8 @@ def zero3_two_ranks() -> dict:
             "data": {"name": "local_mix", "shares": {"synthetic": 1.0}, "synthetic_docs": 60,
                      "cache_dir": str(d / "cache"), "seed": 0},
             "train": {"name": "bench", "enabled": True, "engine": "deepspeed", "world_size": 2, "seq_len": SEQ,
-                      "tokens": SEQ * 4 * ZERO3_STEPS, "global_batch": 4, "micro_batch": 1, "lr": 1e-3, "warmup_steps": 1,
+                      "tokens": SEQ * 4 * ZERO3_STEPS, "global_batch": 4, "micro_batch": 1, "lr": 1e-3,
+                      "warmup_steps": 1,
                       "ema": True, "ema_decay": 0.9, "save_every": 0, "autocast": "float32", "log_every": 1},
             "seed": 0})
         a = to_args(TrainArgs, cfg.train, "train")

@@ -41,11 +41,11 @@ def _versions(*packages: str) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def data_code_version() -> dict:
     """The data builders (every file under ``harness/data``, so a synthetic kind added later is covered) and the
     evaluation-template filter they apply, plus the library versions that tokenise and shuffle."""
-    files = list((HARNESS / "data").rglob("*.py")) + [HARNESS / "evals" / "templates.py"]
+    files = list((HARNESS / "data").rglob("*.py")) + [HARNESS / "contamination.py"]
     return {"code": digest(files), **_versions("numpy", "tokenizers", "transformers")}
 
 
@@ -53,7 +53,7 @@ def data_code_version() -> dict:
 NOT_NUMERICAL = {"tables", "report.py", "tracking.py", "results.py", "status.py", "shards.py", "sweeps.py"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_code_version() -> dict:
     """Everything that can change fine-tuned weights: the harness (models, methods, data, training step and
     engines; tables and reports excluded), the distributed entry point and the numerical libraries."""

@@ -20,27 +20,34 @@ def _ctx(multiple, _root_):
     return int(round(int(_root_.model.native_ctx) * float(multiple)))
 
 
+def _mul(a, b):
+    """``${mul:a,b}`` -> a x b (an int when the product is whole)."""
+    x = float(a) * float(b)
+    return int(x) if x == int(x) else x
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
     if not OmegaConf.has_resolver("ctx"):
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
-        OmegaConf.register_new_resolver("mul", lambda a, b: int(float(a) * float(b)) if float(a) * float(b) == int(float(a) * float(b)) else float(a) * float(b))
+        OmegaConf.register_new_resolver("mul", _mul)
 
 
 register_resolvers()
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose the run config exactly as ``run.py`` would (for scripts and tests)."""
+def compose(overrides: list[str] | None = None, config_name: str = "config", with_hydra: bool = False):
+    """Compose the run config exactly as ``run.py`` would (for scripts and tests); the one compose helper
+    (``harness.sweeps.compose`` is this). ``with_hydra``: include the ``hydra`` node (launcher, sweeper, dirs)."""
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name=config_name, overrides=overrides or [], return_hydra_config=False)
+        return hcompose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=with_hydra)
 
 
 def group_defaults(group: str, name: str) -> dict:

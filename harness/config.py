@@ -52,9 +52,9 @@ def window_tokens(value: float, native_ctx: int, key: str, *, zero_ok: bool = Tr
 
     ``min_len: 8`` means 8C: 32768 tokens on LLaMA2-7B (C = 4096), 16384 on Phi-2 (C = 2048). A value above
     :data:`MAX_WINDOWS` is refused: it is almost certainly a token count written in the old absolute units (e.g.
-    ``min_len: 32768`` would mean 32768 C = 134M tokens; any power of two from 128 tokens up is caught). ``zero_ok``: 0 is allowed (it means "off" or "the
-    default" for the key); ``min_windows``: the smallest nonzero value that makes sense (e.g. 1 for an NTK clamp,
-    which does nothing below C)."""
+    ``min_len: 32768`` would mean 32768 C = 134M tokens; any power of two from 128 tokens up is caught).
+    ``zero_ok``: 0 is allowed (it means "off" or "the default" for the key); ``min_windows``: the smallest nonzero
+    value that makes sense (e.g. 1 for an NTK clamp, which does nothing below C)."""
     import math
 
     try:
@@ -77,7 +77,8 @@ def window_tokens(value: float, native_ctx: int, key: str, *, zero_ok: bool = Tr
 
 
 def check_base(method: str, rope_theta: float, ratio: float) -> None:
-    """ABF-style base settings: an absolute ``rope_theta`` > 0, or (when it is 0) a ``ratio`` > 0 of the model's base."""
+    """ABF-style base settings: an absolute ``rope_theta`` > 0, or (when it is 0) a ``ratio`` > 0 of the model's
+    base."""
     import math
 
     if not (math.isfinite(rope_theta) and rope_theta >= 0):

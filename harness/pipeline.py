@@ -22,7 +22,7 @@ from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model, check_fits
 from harness.train import TrainArgs
 
-GROUPS = ("model", "method", "data", "train", "eval")
+GROUPS = results.GROUPS
 
 
 def start(cfg, run_dir: str | Path | None = None) -> dict:
@@ -35,13 +35,11 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
     run_id = _previous_run_id(previous) or results.new_run_id()
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
-    row = results.new_row(run_id, plain, names, run_dir)
+    row = results.new_row(run_id, plain, None, run_dir)
     results.start_heartbeat(cfg.paths.results_dir, row)  # writes the row; its heartbeat then beats until finish
     STARTED.append((cfg.paths.results_dir, row))
     try:
-        results.atomic_write_json(run_dir / "run.json", {"run_id": run_id, "command": row["command"],
-                                                         "git_sha": row["git_sha"], "config": plain})
+        write_run_file(run_dir, row)
     except OSError as e:  # the row exists: it ends failed
         e.row_problem = finish_row(cfg.paths.results_dir, row, e)
         raise
@@ -49,6 +47,12 @@ def start(cfg, run_dir: str | Path | None = None) -> dict:
 
 
 STARTED: list[tuple[str, dict]] = []  # rows started by this process (a failure outside ``run.py``'s try finishes them)
+
+
+def write_run_file(run_dir: str | Path, row: dict) -> None:
+    """``<run_dir>/run.json``: the run id, command, commit and resolved config (a requeued job finds its id there)."""
+    results.atomic_write_json(Path(run_dir) / "run.json", {"run_id": row["run_id"], "command": row["command"],
+                                                           "git_sha": row["git_sha"], "config": row["config"]})
 
 
 def start_failed(cfg, error: OSError) -> str:
@@ -188,15 +192,30 @@ def resume_key(cfg) -> str:
     return results.config_hash({**groups, "code": train_code_version()})
 
 
-def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
-    ctx = EvalContext(run_dir=Path(row["run_dir"]), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+def evaluations(cfg, handle, method, run_dir: str | Path, suite: dict | None = None):
+    """Run the evaluators of ``suite`` (default: the config's whole ``eval.suite``; ``harness.shards`` passes one
+    entry restricted to one length) with one shared context; yields ``(entry, output, seconds, version)`` in suite
+    order (``version``: the evaluator's, :func:`eval_version`)."""
+    ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
-    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
-    evaluators = build_evaluators(suite)
-    for key, ev in zip(suite, evaluators):
+    if suite is None:
+        suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
+    for key, ev in zip(suite, build_evaluators(suite)):
         t0 = time.time()
-        row["metrics"][key] = ev.run(handle, method, ctx)
-        row["timings"][f"eval.{key}"] = round(time.time() - t0, 2)
+        out = ev.run(handle, method, ctx)
+        yield key, out, round(time.time() - t0, 2), eval_version(ev)
+
+
+def eval_version(ev) -> int:
+    """An evaluator's ``version`` class attribute (1 when it has none: files written before versions existed)."""
+    return int(getattr(ev, "version", 1))
+
+
+def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
+    for key, out, seconds, version in evaluations(cfg, handle, method, row["run_dir"]):
+        row["metrics"][key] = out
+        row.setdefault("eval_versions", {})[key] = version
+        row["timings"][f"eval.{key}"] = seconds
         results.write_row(cfg.paths.results_dir, row)  # partial progress is never lost
         if on_result:
             on_result(key, row["metrics"][key])

@@ -19,9 +19,10 @@ ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ra
 Evaluation FLOPs per prompt token at length L: 2 N + 4 l h q L (forward only; generated tokens not counted).
 GPU-seconds = FLOPs / (MFU x peak bf16 FLOP/s of the target GPU). Wall-clock of a point: training spreads over its
 ``train.world_size`` ranks; evaluation runs in run.py's one process on one GPU (the node's other GPUs idle) unless
-it is split into shards (``+shard=``, docs/sweeps.md), so a point holds its node for train/W + eval hours. MFU comes from ``results/bench_gpu.json``
-(the measured training step of a random model with the same layer shapes, at the nearest length) when that file
-exists from a GPU run, else from ``ASSUMED_MFU``, an assumption labelled as such in every output.
+it is split into shards (``+shard=``, docs/sweeps.md), so a point holds its node for train/W + eval hours. MFU
+comes from ``results/bench_gpu.json`` (the measured training step of a random model with the same layer shapes, at
+the nearest length) when that file exists from a GPU run, else from ``ASSUMED_MFU``, an assumption labelled as such
+in every output.
 """
 from __future__ import annotations
 
@@ -254,8 +255,8 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
     bench = load_bench(args.bench or None)
     T = int(t.seq_len) if t.enabled else native
     mm = measured_mfu(bench, method.name, T) if not args.mfu else None
-    mfu, mfu_source = mm if mm else ((args.mfu, "given (--mfu)") if args.mfu else
-                                     (ASSUMED_MFU, f"ASSUMPTION: MFU {ASSUMED_MFU} (no results/bench_gpu.json from a GPU)"))
+    assumed = (ASSUMED_MFU, f"ASSUMPTION: MFU {ASSUMED_MFU} (no results/bench_gpu.json from a GPU)")
+    mfu, mfu_source = mm if mm else ((args.mfu, "given (--mfu)") if args.mfu else assumed)
     row["throughput"] = {"mfu": mfu, "source": mfu_source, "gpu": args.gpu, "peak_bf16_flops": peak}
     if t.enabled:
         p_t, n_t = trained_params(cfg, s)

@@ -70,7 +70,8 @@ def _precheck_sweep(overrides: list[str]) -> None:
 def explain(e: BaseException, overrides: list[str]) -> str:
     """One line for a composition or validation error, naming the override / key / file and the valid choices."""
     if isinstance(e, SweepJobError):
-        return f"config error in sweep job [{' '.join(e.job)}]: {explain(e.error, e.job).removeprefix('config error: ')}"
+        why = explain(e.error, e.job).removeprefix("config error: ")
+        return f"config error in sweep job [{' '.join(e.job)}]: {why}"
     from harness.config import ConfigError
 
     if isinstance(e, ConfigError):
@@ -81,7 +82,8 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     if "Could not find" in msg or "Could not load" in msg:
         quoted = [q for q in msg.split("'")[1::2] if "/" in q]
         group = quoted[0].rsplit("/", 1)[0] if quoted else ""
-        opts = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group and (CONF_DIR / group).is_dir() else []
+        gdir = CONF_DIR / group
+        opts = sorted(p.stem for p in gdir.glob("*.yaml")) if group and gdir.is_dir() else []
         hint = f" (available: {', '.join(opts)})" if opts else ""
     elif "Could not override" in msg or "not in struct" in msg:
         key = next((q for q in msg.split("'")[1::2] if q), "")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -45,6 +46,36 @@ class Registry(Generic[T]):
             if not mod.name.startswith("_"):
                 importlib.import_module(f"{self.package}.{mod.name}")
         self._loaded = True
+
+    def args(self, node, where: str, name: str | None = None, defaults: dict | None = None) -> tuple[Any, Any]:
+        """``(cls, args)``: the class registered as ``name`` (default: the node's ``name``) and its ``Args``
+        dataclass filled from ``defaults`` (e.g. the component's YAML) overlaid by ``node``, checked by
+        ``harness.config.to_args`` (a wrong key or type is one ConfigError line naming ``where``). ``Args.name`` is
+        the node's ``name`` or else the name the class was looked up by, so a component file needs no ``name``
+        default in its Args (files that set one keep working). An unknown name is a ConfigError too."""
+        import dataclasses
+
+        from omegaconf import DictConfig, OmegaConf
+
+        from harness.config import ConfigError, to_args
+
+        node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+        name = name or node.get("name")
+        if not name:
+            raise ConfigError(f"{where}: the {self.kind} config has no name")
+        try:
+            cls = self.get(name)
+        except KeyError as e:
+            raise ConfigError(f"{where}: {e.args[0]}") from None
+        merged = {**(defaults or {}), **node}
+        if not merged.get("name") and any(f.name == "name" for f in dataclasses.fields(cls.Args)):
+            merged["name"] = name
+        return cls, to_args(cls.Args, merged, where)
+
+    def build(self, node, where: str, name: str | None = None, defaults: dict | None = None):
+        """The one builder of a component instance: ``cls(args)`` from :meth:`args`."""
+        cls, args = self.args(node, where, name, defaults)
+        return cls(args)
 
     def get(self, name: str) -> T:
         self.autoload()

@@ -31,7 +31,7 @@ def _fmt(v, ci=None):
     if isinstance(v, float):
         if not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci)):
             return f"{v:.3g}" if abs(v) >= 100 else f"{v:.3f}"
-        f = (lambda x: f"{x:.1f}") if abs(v) >= 10 else (lambda x: f"{x:.2f}")  # noqa: E731
+        f = (lambda x: f"{x:.1f}") if abs(v) >= 10 else (lambda x: f"{x:.2f}")
         return f"{f(v)} [{f(ci[0])},{f(ci[1])}]"
     return "—" if v is None else str(v)
 
@@ -69,7 +69,8 @@ def summary(row: dict) -> Table:
 def versus_base(row: dict, results_dir) -> str | None:
     """One line: what the run changed against the frozen base model evaluated with the same suite and seed (the
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
-    perplexity (the ratio to the base, paired bootstrap over the same windows). ``None`` when there is no such base row (``make run`` writes one first)."""
+    perplexity (the ratio to the base, paired bootstrap over the same windows). ``None`` when there is no such base
+    row (``make run`` writes one first)."""
     import json
     from pathlib import Path
 

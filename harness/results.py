@@ -8,7 +8,9 @@ Row schema (``ROW_FIELDS``, version ``SCHEMA_VERSION``):
 - ``model``, ``method``, ``data``, ``train``, ``eval``: the option chosen in each config group (stable short names).
 - ``method_params``: the method's parameters; ``train_info``: what fine-tuning actually did (tokens seen,
   effective global batch, schedule, EMA) or ``null`` for frozen runs.
-- ``metrics``: ``{suite entry: evaluator output}``, e.g. ``metrics.passkey.accuracy["1024"]``.
+- ``metrics``: ``{suite entry: evaluator output}``, e.g. ``metrics.passkey.accuracy["1024"]``; ``eval_versions``:
+  ``{suite entry: the evaluator's version}`` (its class attribute ``version``, 1 unless a change of its numbers
+  bumped it), so rows measured by different versions of an evaluator can be told apart.
 - ``config`` (resolved) and ``config_hash``; ``git_sha``; ``command``; ``versions`` (packages); ``hardware``.
 - ``host``, ``pid`` of the process that writes the row, and ``heartbeat`` (ISO, UTC): rewritten every
   ``heartbeat_every_s`` seconds while the run lives (``start_heartbeat``), so a ``running`` row whose process was
@@ -38,8 +40,8 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 ROW_FIELDS = (
     "schema", "run_id", "status", "error", "time_start", "time_end", "model", "method", "data", "train", "eval",
-    "method_params", "train_info", "metrics", "timings", "config", "config_hash", "git_sha", "command", "versions",
-    "hardware", "run_dir", "host", "pid", "heartbeat", "heartbeat_every_s",
+    "method_params", "train_info", "metrics", "eval_versions", "timings", "config", "config_hash", "git_sha",
+    "command", "versions", "hardware", "run_dir", "host", "pid", "heartbeat", "heartbeat_every_s",
 )
 PACKAGES = ("torch", "transformers", "peft", "deepspeed", "datasets", "hydra-core", "lm_eval", "tokenizers")
 
@@ -58,12 +60,12 @@ def config_hash(cfg: dict) -> str:
 
 def git_sha(cwd: str | Path | None = None) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        here = cwd or Path(__file__).parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         sha = out.stdout.strip()
         if not sha:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd or Path(__file__).parent,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -135,9 +137,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
-def new_row(run_id: str, cfg: dict, names: dict, run_dir: str | Path) -> dict:
+GROUPS = ("model", "method", "data", "train", "eval")  # the config groups a row names (its columns in the tables)
+
+
+def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> dict:
+    """The one constructor of a ``running`` row: ``names`` None = each group's ``name`` in ``cfg`` (``GROUPS``)."""
+    if names is None:
+        names = {g: (cfg.get(g) or {}).get("name") for g in GROUPS}
     row = {k: None for k in ROW_FIELDS}
-    row.update(schema=SCHEMA_VERSION, run_id=run_id, status="running", time_start=now_iso(), metrics={}, timings={},
+    row.update(schema=SCHEMA_VERSION, run_id=run_id, status="running", time_start=now_iso(), metrics={},
+               eval_versions={}, timings={},
                config=cfg, config_hash=config_hash(cfg), git_sha=git_sha(), command=" ".join(sys.argv),
                versions=versions(), hardware=hardware(), run_dir=str(run_dir), host=socket.gethostname(),
                pid=os.getpid(), **names)

@@ -4,7 +4,7 @@ merge into the run's single results row; a rerun skips the shards already finish
     python run.py experiment=paper_llama2 point=paper_llama2/ntk_32k +shard=train          # fine-tune once
     python run.py -m experiment=paper_llama2 point=paper_llama2/ntk_32k \\
         +shard=ppl_pg19@65536,niah@65536,ruler@32768,ruler@65536 hydra/launcher=slurm_a100   # shards in parallel
-    python run.py experiment=tiny_study point=tiny_study/pi +shard=all                     # everything missing, in order
+    python run.py experiment=tiny_study point=tiny_study/pi +shard=all          # everything missing, in order
     python -m harness.shards plan experiment=paper_llama2 point=paper_llama2/ntk_32k       # list the shards
 
 How it fits together:
@@ -16,8 +16,8 @@ How it fits together:
   Rerunning the same command therefore finds the same row; to start over, delete that directory and row.
 - Shards (``plan``): ``train`` when the train config is enabled, then for every suite entry one shard per evaluation
   length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for the evaluators in ``BY_LENGTH``, or one
-  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid). ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job)
-  or ``train``.
+  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid).
+  ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job) or ``train``.
 - A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
   status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
   files are the source of truth: a merge rebuilds the row's metrics from all of them.
@@ -192,25 +192,15 @@ def deep_merge(a, b):
 
 
 # ------------------------------------------------------------------------------------------------------ the row
-def _new_row(cfg, rdir: Path) -> dict:
-    from harness.pipeline import GROUPS
-
-    plain = plain_config(cfg)
-    names = {g: (plain.get(g) or {}).get("name") for g in GROUPS}
-    row = results.new_row(run_id(cfg), plain, names, rdir)
-    row["shards"] = {}
-    return row
-
-
 def merge(cfg, rdir: Path | None = None) -> dict:
     """Rebuild the row from the shard files (atomic, under the row's lock) and return it."""
     rdir = Path(rdir or run_dir(cfg))
     rid = run_id(cfg)
     rpath = results.row_path(cfg.paths.results_dir, rid)
     with file_lock(rpath.with_suffix(".lock")):
-        row = read_json(rpath) or _new_row(cfg, rdir)
+        row = read_json(rpath) or {**results.new_row(rid, plain_config(cfg), None, rdir), "shards": {}}
         shards = plan(cfg)
-        metrics, timings, status, errors = {}, dict(row.get("timings") or {}), {}, []
+        metrics, timings, status, errors, versions = {}, dict(row.get("timings") or {}), {}, [], {}
         for s in shards:
             if s.name == "train":
                 info = read_json(rdir / "checkpoint" / "train_info.json")
@@ -226,12 +216,15 @@ def merge(cfg, rdir: Path | None = None) -> dict:
             status[s.name] = rec["status"]
             if rec["status"] == "ok":
                 metrics[s.entry] = deep_merge(metrics.get(s.entry, {}), rec["result"])
+                if rec.get("eval_version") is not None:
+                    versions[s.entry] = rec["eval_version"]
                 timings[f"eval.{s.name}"] = rec.get("seconds")
                 if rec.get("method_params") is not None:
                     row["method_params"] = rec["method_params"]
             else:
                 errors.append(f"shard {s.name}: {rec.get('error')}")
         row["metrics"], row["timings"], row["shards"] = metrics, timings, status
+        row["eval_versions"] = versions
         if errors:
             row["status"], row["error"] = "failed", errors[0]
             row["time_end"] = results.now_iso()
@@ -255,7 +248,7 @@ def _train(cfg, rdir: Path, log) -> None:
     from harness import pipeline
 
     method, train = pipeline.validate(cfg)
-    handle = pipeline.load_and_extend(cfg, method)
+    handle = pipeline.load_and_extend(cfg, method, train)  # as run.py: with train, the convergence gate's baseline
     info = pipeline.finetune(cfg, handle, method, train, {"run_dir": str(rdir)})
     results.atomic_write_json(rdir / "checkpoint" / "train_info.json", info)  # last: marks the shard finished
     log(f"shard train: done ({info.get('steps')} steps)")
@@ -275,33 +268,38 @@ def _load(cfg, rdir: Path):
     return pipeline.load_and_extend(cfg, method), method
 
 
-def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> dict:
-    from harness.evals import EvalContext, build_evaluators
-
+def shard_suite(cfg, shard: Shard) -> dict:
+    """The one-entry suite a shard evaluates: the entry's node, its ``lengths`` replaced by ``[shard.length]``."""
     node = OmegaConf.to_container(cfg.eval.suite[shard.entry], resolve=True)
     if shard.length is not None:
         # ppl, yarn protocol: documents long enough for the largest length of the entry (longlora: no filter, LCEG)
         if node.get("min_tokens") == 0 and node.get("protocol", "yarn") == "yarn":
             node["min_tokens"] = max(int(L) for L in node["lengths"])
         node["lengths"] = [shard.length]
-    ev = build_evaluators({shard.entry: node})[0]
-    ctx = EvalContext(run_dir=rdir / "shards" / shard.name, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
-                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
-    return ev.run(handle, method, ctx)
+    return {shard.entry: node}
+
+
+def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> tuple[dict, int]:
+    """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard):
+    (output, evaluator version)."""
+    from harness import pipeline
+
+    ((_, out, _, version),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name,
+                                                   shard_suite(cfg, shard))
+    return out, version
 
 
 def run(cfg, log=print) -> dict:
     """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
     fails (after recording it, so the row says which one and why)."""
-    from harness.pipeline import one_line
+    from harness.pipeline import one_line, write_run_file
 
     spec = str(cfg[SHARD_KEY])
     rdir = run_dir(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
+    row = merge(cfg, rdir)  # the row exists (status running) from the first job on
     if not (rdir / "run.json").exists():
-        results.atomic_write_json(rdir / "run.json", {"run_id": run_id(cfg), "command": " ".join(sys.argv),
-                                                      "git_sha": results.git_sha(), "config": plain_config(cfg)})
-    merge(cfg, rdir)  # the row exists (status running) from the first job on
+        write_run_file(rdir, row)
     todo = [s for s in select(cfg, spec) if not is_done(rdir, s)]
     skipped = [s.name for s in select(cfg, spec) if s not in todo]
     if skipped:
@@ -317,9 +315,9 @@ def run(cfg, log=print) -> dict:
             else:
                 if loaded is None:
                     loaded = _load(cfg, rdir)
-                out = _evaluate(cfg, rdir, s, *loaded)
+                out, version = _evaluate(cfg, rdir, s, *loaded)
                 _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
-                        method_params=loaded[1].params())
+                        method_params=loaded[1].params(), eval_version=version)
                 log(f"shard {s.name}: done in {time.time() - t0:.1f} s")
         except Exception as e:  # noqa: BLE001 - a failed shard is recorded, the others still run
             failure = failure or e
@@ -339,7 +337,7 @@ def run(cfg, log=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m harness.shards plan <overrides>``: print the run id, its directory and every shard's state."""
-    from harness.sweeps import compose
+    from harness.conf_utils import compose
 
     if not argv or argv[0] != "plan":
         print(__doc__.split("\n\n")[1])

@@ -21,7 +21,7 @@ A difference is called a difference only when its interval excludes zero (``excl
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -15,13 +15,7 @@ from harness import conf_utils
 
 def compose(overrides: list[str], with_hydra: bool = False):
     """The config of one job (``with_hydra``: including the ``hydra`` node: launcher, sweeper, sweep dirs)."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_utils.CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+    return conf_utils.compose(overrides, with_hydra=with_hydra)
 
 
 def _first_values(overrides: list[str]) -> list[str]:

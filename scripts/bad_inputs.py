@@ -244,7 +244,8 @@ def run_case(case: Case, root: Path, python: str, timeout: float, mem_gib: float
     words = [w.replace("{tmp}", str(tmp)) for w in case.words]
     category, reason = classify(case, rc, out, err, last, words, rows, rows_env)
     shutil.rmtree(tmp, ignore_errors=True)
-    return {**base, "category": category, "reason": reason.replace(str(tmp), "<tmp>"), "args": [a.replace(str(tmp), "<tmp>") for a in argv],
+    return {**base, "category": category, "reason": reason.replace(str(tmp), "<tmp>"),
+            "args": [a.replace(str(tmp), "<tmp>") for a in argv],
             "rc": rc, "seconds": round(seconds, 1), "last_line": last.replace(str(tmp), "<tmp>")[:400],
             "stderr_lines": len(lines), "stderr_tail": [ln.replace(str(tmp), "<tmp>")[:300] for ln in lines[-8:]],
             "rows": [r.get("status") for r in rows],
@@ -342,8 +343,9 @@ def main(argv=None) -> int:
     for i, c in enumerate(cases, 1):
         r = run_case(c, root, a.python, a.timeout, a.mem_gib, units_c)
         results.append(r)
-        print(f"[{i:2}/{len(cases)}] {r['category']:9} {r['seconds']:6.1f}s  {c.name}  | {r['reason'] or r['last_line']}"[:260],
-              flush=True)
+        line = f"[{i:2}/{len(cases)}] {r['category']:9} {r['seconds']:6.1f}s  {c.name}  | "
+        line += r["reason"] or r["last_line"]
+        print(line[:260], flush=True)
         if a.json:
             a.json.write_text(json.dumps(results, indent=1))
     print()

@@ -13,7 +13,6 @@ each is composed exactly as run.py composes it. Throughput: the MFU measured by 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

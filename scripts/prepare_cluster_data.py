@@ -44,7 +44,8 @@ def plan(a) -> list[tuple[str, str]]:
         out += [("models", f"{repo} -> Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')})")
                 for repo in MODELS.values()]
     if "slimpajama" in a.only:
-        out.append(("slimpajama", f"SlimPajama {SLIMPAJAMA}: train/chunk1/example_train_{{0..{a.slimpajama_shards - 1}}}"
+        out.append(("slimpajama", f"SlimPajama {SLIMPAJAMA}: "
+                                  f"train/chunk1/example_train_{{0..{a.slimpajama_shards - 1}}}"
                                   f".jsonl.zst -> {a.root}/slimpajama"))
     if "pg19" in a.only:
         out.append(("pg19", f"{PG19} (test) -> {a.root}/pg19/*.txt"))

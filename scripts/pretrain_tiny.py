@@ -42,7 +42,6 @@ from harness.evals.common import autocast  # noqa: E402
 from harness.models.tiny_llama import ASSET_DIR, SPECIAL_TOKENS, tiny_config  # noqa: E402
 
 
-
 def train_tokenizer(texts, vocab_size: int, out: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -241,9 +240,12 @@ def pretrain(args):
     data_file.unlink(missing_ok=True)
     stats = {
         "stages": (previous.get("stages") or [previous]) + [None] if previous else [None],
-        "natural_share": args.natural_share, "long_share": args.long_share, "max_doc_tokens": args.max_doc_tokens, "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
-        "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "tokens": args.steps * args.batch * args.seq_len,
-        "lr": args.lr, "warmup": args.warmup, "schedule": args.schedule, "seed": args.seed, "rope_theta": args.rope_theta,
+        "natural_share": args.natural_share, "long_share": args.long_share, "max_doc_tokens": args.max_doc_tokens,
+        "copy_warmup_steps": args.copy_warmup, "kind_weights": args.kind_weights or "default",
+        "steps": args.steps, "batch": args.batch, "seq_len": args.seq_len,
+        "tokens": args.steps * args.batch * args.seq_len,
+        "lr": args.lr, "warmup": args.warmup, "schedule": args.schedule, "seed": args.seed,
+        "rope_theta": args.rope_theta,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
         "command": "python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:]),
         "params": sum(p.numel() for p in model.parameters()),
@@ -287,7 +289,8 @@ def write_card(out: Path, g: dict):
     lines = [
         "<!-- GATE:BEGIN (written by scripts/pretrain_tiny.py --gate-only; do not edit by hand) -->",
         f"Measured by `harness.evals.gate.measure_gate` (seed {g['seed']}), plain RoPE, C = {C}; 95% intervals "
-        "(Wilson for 0/1 scores, percentile bootstrap for partial credit and for the PPL ratio, paired over documents).",
+        "(Wilson for 0/1 scores, percentile bootstrap for partial credit and for the PPL ratio, paired over "
+        "documents).",
         "",
         "| check | measured [95% CI] (n) | rule | result |", "|---|---|---|---|",
     ]
@@ -311,8 +314,9 @@ def write_card(out: Path, g: dict):
         lines.append(f"| passkey at {L} | {_fmt(e['value'], e['ci'], e['n'])} |")
     for key in ("ppl_books", "ppl_code"):
         e = g[key]
-        lines.append(f"| {key} PPL at C / 4C ({e['documents']} docs) | " + " / ".join(f"{v:.1f}" for v in e["ppl"].values())
-                     + f"; ratio {_fmt(e['ratio_4C_over_C']['value'], e['ratio_4C_over_C']['ci'])} |")
+        ppls = " / ".join(f"{v:.1f}" for v in e["ppl"].values())
+        lines.append(f"| {key} PPL at C / 4C ({e['documents']} docs) | {ppls}"
+                     f"; ratio {_fmt(e['ratio_4C_over_C']['value'], e['ratio_4C_over_C']['ci'])} |")
     for t, e in g["ruler"].items():
         lines.append(f"| RULER {t} at C | {_fmt(e['value'], e.get('ci'), e['n'])} |")
     lines += ["", "| pretraining stage | steps x batch x window | lr, schedule | data | final loss | wall |",
@@ -355,7 +359,8 @@ def main():
     ap.add_argument("--init-from", default="", help="continue pretraining from this model dir (stage 2)")
     ap.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                     help="after warm-up: cosine to 10%% of lr, or constant")
-    ap.add_argument("--natural-share", type=float, default=0.45, help="share of sequences' documents that are natural text")
+    ap.add_argument("--natural-share", type=float, default=0.45,
+                    help="share of sequences' documents that are natural text")
     ap.add_argument("--max-doc-tokens", type=int, default=0, help="cap on synthetic document length (0: the window)")
     ap.add_argument("--long-share", type=float, default=0.0,
                     help="share of windows that are one contiguous slice of a book / source file (no packing)")

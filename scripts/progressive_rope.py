@@ -86,7 +86,8 @@ def plan(opts: dict, passthrough: dict) -> list[dict]:
                    f"hydra.run.dir={ft_dir}", *common, *to_train]
             if model_path:
                 cmd.insert(3, f"model.path={model_path}")
-            steps.append({"name": f"finetune_stage{i}", "cmd": cmd, "done_if": str(ft_dir / "checkpoint" / "method.json")})
+            steps.append({"name": f"finetune_stage{i}", "cmd": cmd,
+                          "done_if": str(ft_dir / "checkpoint" / "method.json")})
             model_path = str(ft_dir / "checkpoint")
     if str(opts["final_eval"]).lower() in ("1", "true", "yes"):
         eval_dir = run_dir / "final_eval"

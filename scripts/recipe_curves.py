@@ -23,7 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness import conf_utils, pipeline, results  # noqa: F401  (resolvers)
+from harness import conf_utils, pipeline, results
 from harness.config import ConfigError
 from harness.data import build_data
 from harness.evals import EvalContext, build_evaluators
@@ -113,7 +113,8 @@ def _records(d: Path, suite: dict) -> dict:
             f = d / "samples" / f"ppl_{node.get('protocol', 'yarn')}.jsonl"
             recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
             recs = [r for r in recs if r.get("dataset") == node.get("dataset", "shakespeare")]
-            out[key] = {str(L): [r["nll"] for r in recs if r["length"] == L] for L in sorted({r["length"] for r in recs})}
+            lengths = sorted({r["length"] for r in recs})
+            out[key] = {str(L): [r["nll"] for r in recs if r["length"] == L] for L in lengths}
         elif name == "passkey":
             f = d / "samples" / "passkey.jsonl"
             recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []

@@ -62,13 +62,14 @@ def _f(v, d=1):
 def table(curve: dict, C: int) -> list[str]:
     n_pk = len(((curve["points"].get("base") or {}).get("records") or {}).get("passkey", {}).get(str(C), []))
     n_doc = len(((curve["points"].get("base") or {}).get("records") or {}).get("ppl_books", {}).get(str(C), []))
-    lines = [f"| step | train loss | books PPL C / 8C | PPL(C) / base [95% CI] | code PPL C / 8C | passkey C / 2C / 4C / 8C "
-             f"(n={n_pk} each) | gate |", "|---|---|---|---|---|---|---|"]
+    lines = ["| step | train loss | books PPL C / 8C | PPL(C) / base [95% CI] | code PPL C / 8C | "
+             f"passkey C / 2C / 4C / 8C (n={n_pk} each) | gate |", "|---|---|---|---|---|---|---|"]
     for r in rows_of(curve, C):
         ratio = "—" if r["ratio"] is None else f"{r['ratio'][0]:.2f} [{r['ratio'][1]:.2f}, {r['ratio'][2]:.2f}]"
         pk = " / ".join(_f(r[f"passkey@{L}"][0], 2) for L in (C, 2 * C, 4 * C, 8 * C))
         gate = {None: "—", True: "pass", False: "fail"}[r["converged"]]
-        lines.append(f"| {r['point']} | {_f(r.get('loss'), 2)} | {_f(r[f'ppl_books@{C}'])} / {_f(r[f'ppl_books@{8 * C}'])} "
+        books = f"{_f(r[f'ppl_books@{C}'])} / {_f(r[f'ppl_books@{8 * C}'])}"
+        lines.append(f"| {r['point']} | {_f(r.get('loss'), 2)} | {books} "
                      f"| {ratio} | {_f(r[f'ppl_code@{C}'])} / {_f(r[f'ppl_code@{8 * C}'])} | {pk} | {gate} |")
     lines.append(f"\nPPL on {n_doc} held-out plays / source files per length (YaRN protocol); `base` = the model "
                  "before the method is applied, `0` = the method applied, not yet fine-tuned.")
@@ -83,7 +84,7 @@ def figure(curves: dict, C: int, out: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     colours = {"pi": "tab:red", "yarn": "tab:blue", "ntk_32k": "tab:green"}
-    for name, c in sorted(curves.items()):
+    for _name, c in sorted(curves.items()):
         m, lr = c["method"]["name"], c["train"]["lr"]
         style = "-" if float(lr) >= 1e-3 else "--"
         rows = [r for r in rows_of(c, C) if r["point"].isdigit() and int(r["point"]) > 0]

@@ -53,7 +53,8 @@ def render(overrides: list[str], name: str | None = None) -> str:
             raise SystemExit(f"render_sbatch: train.world_size={t.world_size} but the job has {gpus} GPUs")
     out_dir = f"{cfgs[0].paths.output_dir}/slurm/{name}"
     sb = [f"--job-name={name}", "--nodes=1", "--ntasks-per-node=1", f"--gpus-per-node={gpus}",
-          f"--cpus-per-task={lc.get('cpus_per_task')}", f"--mem={lc.get('mem_gb')}G", f"--time={_time(lc['timeout_min'])}"]
+          f"--cpus-per-task={lc.get('cpus_per_task')}", f"--mem={lc.get('mem_gb')}G",
+          f"--time={_time(lc['timeout_min'])}"]
     site = []
     for key in ("partition", "account", "qos", "constraint"):
         if lc.get(key):
@@ -87,7 +88,8 @@ def render(overrides: list[str], name: str | None = None) -> str:
         "# its newest checkpoint (keyed by config fingerprint under paths.ckpt_dir)",
         f'RUN_DIR={out_dir}/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}',
         "trap 'echo \"$(date): time limit near, requeueing\"; scontrol requeue \"$SLURM_JOB_ID\"; exit 0' USR1",
-        "# the training inside run.py is the distributed engine's: torchrun --nproc_per_node=train.world_size on this node",
+        "# the training inside run.py is the distributed engine's: "
+        "torchrun --nproc_per_node=train.world_size on this node",
         f'srun --ntasks=1 --gpus-per-node={gpus} python run.py $OVERRIDES hydra.run.dir="$RUN_DIR" &',
         "wait $!",
         "",

@@ -35,7 +35,8 @@ from harness.config import to_args  # noqa: E402
 
 def default_out(cfg) -> Path:
     seed = f"_s{cfg.seed}" if int(cfg.seed) else ""
-    return Path(cfg.paths.results_dir) / "factors" / f"{cfg.model.name}_{cfg.search.name}_{cfg.target_length}{seed}.json"
+    name = f"{cfg.model.name}_{cfg.search.name}_{cfg.target_length}{seed}.json"
+    return Path(cfg.paths.results_dir) / "factors" / name
 
 
 def weights_digest(path: str) -> str:
@@ -81,16 +82,17 @@ def baseline_rope(name: str, factors: dict, a, model) -> dict | None:
 def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
     """PPL at the target length with the harness's ppl evaluator (``harness.evals.ppl``, YaRN protocol: the first
     ``verify.samples`` documents, window ``[BOS] + doc[:L-1]``, exactly what ``run.py eval=... ppl_books`` measures at
-    that length) for the searched factors (transformers' "longrope" path) and the frozen baselines. The fitness
-    windows are disjoint when ``search.offset_windows >= 1``. LongRoPE2 also gets needle-driven PPL on held-out
+    that length) for the searched factors (the ``longrope`` method's ``apply_factors``) and the frozen baselines. The
+    fitness windows are disjoint when ``search.offset_windows >= 1``. LongRoPE2 also gets needle-driven PPL on held-out
     needle documents (another seed, the haystack window after the ppl window)."""
     import math
 
+    from harness.device import resolve_dtype
     from harness.evals import EvalContext
-    from harness.evals.common import resolve_dtype
     from harness.evals.ppl import Perplexity
+    from harness.methods.longrope import apply_factors
     from harness.methods.rope import rebuild_rotary, set_rope_parameters
-    from harness.search.fitness import apply_factors, needle_documents, ppl_with_current_rope, remove_start_tokens
+    from harness.search.fitness import needle_documents, ppl_with_current_rope
 
     model, tok = handle.model, handle.tokenizer
     v = cfg.verify
@@ -110,8 +112,8 @@ def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
         spec = {"factors": factors} if name == "searched" else baseline_rope(name, factors, a, model)
         if spec is None:
             continue
-        if "factors" in spec:
-            apply_factors(model, spec["factors"])
+        if "factors" in spec:  # the longrope method's own path (what run.py method=longrope evaluates)
+            apply_factors(model, spec["factors"], kv_cache="stale")
         else:
             set_rope_parameters(model, **spec["rope"])
         t0 = time.time()
@@ -125,8 +127,6 @@ def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
             out["needle_ppl"][name] = round(nv, 4) if math.isfinite(nv) else None
             msg += f", needle ppl {nv:.4f}"
         log(f"{msg} ({time.time() - t0:.0f}s)")
-        if "factors" in spec:
-            remove_start_tokens(model)
     model.config.rope_parameters = original
     rebuild_rotary(model)
     out["documents"] = res["documents"]

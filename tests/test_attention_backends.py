@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_llama
 from transformers import DynamicCache
 
-from conftest import random_llama
 from harness.config import ConfigError
-from harness.methods import build_method
 from harness.methods import _flex as fx
+from harness.methods import build_method
 from harness.models import ModelHandle
 
 LOGITS, GRADS = 1e-5, 1e-4

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, random_llama
+
 from harness.methods import Method, MethodArgs
 from harness.models import ModelHandle
 from harness.train import TrainArgs

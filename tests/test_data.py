@@ -8,10 +8,16 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, random_llama
-from harness.data.mixture import (long_token_share, mixture_stats, pack, sample_mixture, source_budgets,
-                                  source_token_shares)
+
+from harness.data.mixture import (
+    long_token_share,
+    mixture_stats,
+    pack,
+    sample_mixture,
+    source_budgets,
+    source_token_shares,
+)
 from harness.train.step import add_document_positions, document_position_ids
 
 BOS, EOS = 1, 2
@@ -158,7 +164,8 @@ def _write_shards(d, seed=0):
         with open(d / f"shard_{k}.jsonl", "w") as f:
             for _ in range(150):
                 n = int(np.clip(rng.lognormal(3.5 + k * 0.5, 1.0), 3, 3000))
-                f.write(json.dumps({"text": " ".join(rng.choice(words, n)), "meta": {"redpajama_set_name": src}}) + "\n")
+                doc = {"text": " ".join(rng.choice(words, n)), "meta": {"redpajama_set_name": src}}
+                f.write(json.dumps(doc) + "\n")
 
 
 def test_slimpajama_upsampled_streams_local_shards(tokenizer, tmp_path):

@@ -21,8 +21,15 @@ from harness.evals import babilong as B
 from harness.evals import helmet_recall as H
 from harness.evals import longbench_v2 as V
 from harness.evals._ruler_data import DoesNotFit
-from harness.evals.templates import (BABILONG_PROMPTS, BABILONG_TEMPLATE, EVAL_FRAGMENTS, HELMET_JSON_KV_DEMO,
-                                     HELMET_JSON_KV_SYSTEM, HELMET_JSON_KV_USER, LONGBENCH_V2_TEMPLATE)
+from harness.evals.templates import (
+    BABILONG_PROMPTS,
+    BABILONG_TEMPLATE,
+    EVAL_FRAGMENTS,
+    HELMET_JSON_KV_DEMO,
+    HELMET_JSON_KV_SYSTEM,
+    HELMET_JSON_KV_USER,
+    LONGBENCH_V2_TEMPLATE,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -308,7 +315,7 @@ def test_helmet_ruler_subsets_use_helmets_template(tok, task, v, tmpl):
             p = s["prompt"]
             assert s["prompt_tokens"] == len(tok(p).input_ids) and s["prompt_tokens"] + ev.gen_tokens(task) <= L
             assert all(a in p for a in s["answers"]) and len(s["answers"]) == (4 if task == "ruler_niah_mv" else 1)
-            query = re.search(rf"for (\S+) mentioned in the provided text\?\n", p).group(1)
+            query = re.search(r"for (\S+) mentioned in the provided text\?\n", p).group(1)
             head = tmpl[0].split("{context}")[0].format(v=v)
             tail = tmpl[0].split("{context}")[1].format(v=v, query=query) + "\n" + tmpl[1].format(v=v, query=query)
             assert p.startswith(head) and p.endswith(tail)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.evals import EvalContext
 from harness.evals import _longbench_metrics as M
@@ -333,7 +332,8 @@ def test_short_context_lm_eval(handle, tmp_path):
 
 def test_short_context_yamls(tmp_path):
     """The generated task YAMLs point lm-eval at local JSON files and carry the configured shots."""
-    from harness.evals.short_context import FIXTURES as SC, write_task_yamls
+    from harness.evals.short_context import FIXTURES as SC
+    from harness.evals.short_context import write_task_yamls
 
     names = write_task_yamls(SC, tmp_path, {"arc_challenge": 25, "hellaswag": 10, "mmlu": 5, "truthfulqa_mc2": 0},
                              ["arc_challenge", "hellaswag", "mmlu", "truthfulqa_mc2"])

@@ -18,8 +18,7 @@ from conftest import random_llama
 from harness.evals import EvalContext
 from harness.evals import _ruler_data as rd
 from harness.evals.common import PrefixCache, greedy_generate, token_nll
-from harness.evals.niah import (LCEG_EXPECTED, NeedleInAHaystack, insert_needle, lceg_score, period_ids,
-                                rouge_score)
+from harness.evals.niah import LCEG_EXPECTED, NeedleInAHaystack, insert_needle, lceg_score, period_ids, rouge_score
 from harness.evals.nll_by_position import NLLByPosition, bucket_means
 from harness.evals.ppl import Perplexity, longlora_starts, yarn_windows
 from harness.evals.ruler import Ruler
@@ -386,16 +385,16 @@ def test_largest_fitting_equals_bisection_in_fewer_probes():
         bumps = np.cumsum([rng.choice([0, 0, 0, 1, 7]) for _ in range(5000)])
         sizes = [a + int(b * m) + int(bumps[m]) for m in range(5000)]  # non-decreasing, not linear
 
-        def size(m):
+        def size(m, broken=broken, sizes=sizes):
             return None if broken is not None and m >= broken else sizes[m]
 
         seen_new, seen_ref = set(), set()
 
-        def size_counted(m):
+        def size_counted(m, seen_new=seen_new):
             seen_new.add(m)
             return size(m)
 
-        def fits_ref(m):
+        def fits_ref(m, seen_ref=seen_ref, budget=budget):
             seen_ref.add(m)
             return size(m) is not None and size(m) <= budget
 
@@ -439,7 +438,8 @@ def test_ruler_samples_fit_and_contain_answers(tok, qa_files):
     <= L and every answer in the prompt, or a DoesNotFit (-> skip entry); from 4C = 1024 on every task fits."""
     cfg = tiny_ruler_args()
     g = rd.RulerGenerator(tok, seed=42, tokens_to_generate=cfg.get("tokens_to_generate", {}),
-                          small_threshold=cfg.get("small_threshold", 4096), essay_increment=cfg.get("essay_increment", 500),
+                          small_threshold=cfg.get("small_threshold", 4096),
+                          essay_increment=cfg.get("essay_increment", 500),
                           vt_icl_length=cfg.get("vt_icl_length", 500), squad_path=str(qa_files / "squad.json"),
                           hotpotqa_path=str(qa_files / "hotpot.json"))
     fitted = {}

@@ -212,7 +212,8 @@ def test_make_findings_script(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     md = (res / "findings.md").read_text()
-    assert md.count("**reproduced**") == 12 and "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
+    assert md.count("**reproduced**") == 12
+    assert "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
     assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md
 
 

@@ -1,18 +1,15 @@
 """Foundation: registries, config validation, results rows, the PI method, checkpoint/method checks, training loop."""
 from __future__ import annotations
 
-import json
-import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from harness.config import ConfigError, to_args
+from harness.config import ConfigError
 from harness.methods import METHODS, build_method, check_checkpoint_method, save_method
 from harness.models import MODELS
 from harness.results import atomic_write_json, read_rows

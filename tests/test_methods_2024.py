@@ -17,9 +17,9 @@ import math
 
 import pytest
 import torch
+from conftest import random_llama
 from transformers import DynamicCache
 
-from conftest import random_llama
 from harness import conf_utils, pipeline
 from harness.config import ConfigError
 from harness.methods import METHODS, build_method

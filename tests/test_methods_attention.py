@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import random_llama
+
 from harness.methods import METHODS, build_method
 from harness.methods.landmark import Landmark, grouped_softmax, insert_landmarks, landmark_attention
 from harness.methods.lm_infinite import LMInfinite, lm_infinite_attention
@@ -67,7 +67,7 @@ def module(d, **attrs):
 
 def probs_via_identity(fn, mod, q, k, L, **kw):
     """Attention probabilities of ``fn``: values = identity, so output row i is probability row i."""
-    b, h, n_kv = q.shape[0], q.shape[1], k.shape[1]
+    b, n_kv = q.shape[0], k.shape[1]
     v = torch.eye(L).expand(b, n_kv, L, L).contiguous()
     if q.shape[-1] != L:
         raise AssertionError("identity trick needs head_dim == L")
@@ -104,7 +104,8 @@ def test_self_extend_eq15_positions():
     r = relative_positions(q, k, window=4, group=2)
     for i, m in enumerate(q.tolist()):
         for j, n in enumerate(k.tolist()):
-            want = m - n if m - n < 4 else 4 + m // 2 - n // 2 - 4 // 2  # Eq. 15: M + floor(m/N) - floor(n/N) - floor(M/N)
+            # Eq. 15: M + floor(m/N) - floor(n/N) - floor(M/N)
+            want = m - n if m - n < 4 else 4 + m // 2 - n // 2 - 4 // 2
             assert r[i, j].item() == want
     # W % G != 0: the eager prefill code's W - W/G (flag) differs from Eq. 15's W - W//G by the fraction
     a = relative_positions(q, k, 5, 2, float_shift=False)

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import random_llama
+
 from harness.config import ConfigError
 from harness.methods import METHODS, build_method
 from harness.methods.dca import DCA, dca_attention
@@ -230,7 +230,8 @@ def original_pose_recipe(ids: list, model_max: int, scaled: int, rng: random.Ran
     return chunked_ids, pos_ids, rt1
 
 
-@pytest.mark.parametrize("len_input,C,target", [(64, 64, 8), (320, 64, 8), (50, 64, 4), (7, 7, 1), (64, 64, 1), (200, 63, 4)])
+@pytest.mark.parametrize("len_input,C,target", [(64, 64, 8), (320, 64, 8), (50, 64, 4), (7, 7, 1), (64, 64, 1),
+                                                (200, 63, 4)])
 def test_pose_positions_equal_original_recipe_and_invariants(len_input, C, target):
     scaled = C * target
     ids = list(range(100, 100 + len_input))
@@ -358,7 +359,8 @@ def test_pose_ntk_and_revised_yarn_equal_the_originals_rotary():
     inv = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
     want = inv / ((1 - mask) * s + mask)
     r = model.model.rotary_emb
-    assert torch.allclose(r.inv_freq, want, rtol=1e-6, atol=0) and r.attention_scaling == pytest.approx(0.1 * math.log(s) + 1)
+    assert torch.allclose(r.inv_freq, want, rtol=1e-6, atol=0)
+    assert r.attention_scaling == pytest.approx(0.1 * math.log(s) + 1)
     yarn = random_llama(kv_heads=2)
     build_method({"name": "yarn", "scale": s}).apply(handle_of(yarn, ctx=C))
     assert not torch.allclose(r.inv_freq, yarn.model.rotary_emb.inv_freq)  # the two YaRN variants differ in the ramp

@@ -13,7 +13,7 @@ from conftest import random_llama
 
 from harness.config import ConfigError
 from harness.methods import METHODS, build_method, check_checkpoint_method, save_method
-from harness.methods.rope import default_inv_freq, inv_freq_of, ntk_multiplier, rerotate_keys, rotary_modules
+from harness.methods.rope import default_inv_freq, inv_freq_of, ntk_multiplier, rerotate_keys
 from harness.models import ModelHandle
 
 C = 32  # native window of the random test models

@@ -73,7 +73,8 @@ def test_throughput_source_is_labelled_and_measured_mfu_is_used(table1, tmp_path
              "train": [{"method": "base", "backend": "sdpa", "tokens": 32768, "mfu": 0.5, "status": "ok"},
                        {"method": "base", "backend": "sdpa", "tokens": 8192, "mfu": 0.3, "status": "ok"}]}
     (tmp_path / "b.json").write_text(json.dumps(bench))
-    p = plan_script().build(["experiment=paper_llama2", "point=paper_llama2/pi"], plan.PlanArgs(bench=str(tmp_path / "b.json")))
+    p = plan_script().build(["experiment=paper_llama2", "point=paper_llama2/pi"],
+                            plan.PlanArgs(bench=str(tmp_path / "b.json")))
     row = p["points"][0]
     assert row["throughput"]["mfu"] == 0.5 and row["throughput"]["source"].startswith("MEASURED")
     pi = {r["row"]: r for r in table1["points"]}["PI"]

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from harness import pipeline, results
 from harness.results import liveness, read_rows
 
@@ -237,7 +237,8 @@ def test_liveness_rules(monkeypatch):
     other = {"status": "running", "host": "another-node", "pid": 1, "heartbeat_every_s": 60}
     assert liveness({**other, "heartbeat": now}) == "running"
     assert liveness({**other, "heartbeat": old}) == "stale"
-    assert liveness({**other, "heartbeat": old, "shards": {"train": "missing"}}) == "running"  # sharded: jobs come and go
+    # sharded: jobs come and go
+    assert liveness({**other, "heartbeat": old, "shards": {"train": "missing"}}) == "running"
     assert liveness({"status": "running"}, mtime=time.time() - 7200) == "stale"  # a row from before heartbeats
     assert liveness({"status": "running"}, mtime=time.time()) == "running"
 

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_llama
+
+from harness.methods.longrope import apply_factors
 from harness.methods.rope import set_rope_parameters
 from harness.search import SearchArgs, build_space, rescale_factors, run_search
 from harness.search import critical_dim as cd
 from harness.search.evolution import Candidate, Evolution, Space, crossover, is_valid, mutate, project
-from harness.search.fitness import (ANSWER, Fitness, apply_factors, candidate_rope, masked_ppl, needle_document,
-                                    ppl_with_current_rope, remove_start_tokens)
+from harness.search.fitness import ANSWER, Fitness, masked_ppl, needle_document, ppl_with_current_rope
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +138,8 @@ def test_evolution_converges_and_resumes_identically():
     assert e3.best()[1].key() == e1.best()[1].key()
 
 
-# -- fitness: batched candidates == transformers' longrope ----------------------------------------------------
-def test_candidate_rope_matches_transformers_longrope():
+# -- fitness: candidates scored through the longrope method == transformers' longrope set by hand ---------------
+def test_fitness_matches_transformers_longrope():
     C, L, d = 32, 96, 16
     model = random_llama(vocab=128, hidden=64, heads=4, ctx=C, seed=1)
     ids = torch.randint(3, 128, (2, L), generator=torch.Generator().manual_seed(0))
@@ -162,31 +162,31 @@ def test_candidate_rope_matches_transformers_longrope():
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
 
 
-def test_start_tokens_use_original_rope_and_hf_path_agrees():
+def test_start_tokens_use_original_rope_and_fitness_is_the_method_path():
     C, L, d = 32, 80, 16
     model = random_llama(vocab=128, hidden=64, heads=4, ctx=C, seed=2)
     theta = 1.0 / (1e4 ** (torch.arange(0, d, 2).float() / d))
     lam = cd.yarn_factors(d, 2.5, 1e4, C)
     pos = torch.arange(L)[None]
     x = torch.zeros(1, L, 64)
-    with candidate_rope(model, [lam], [1.2], [4]):
-        cos, sin = model.model.rotary_emb(x, pos)
+    fac = {"short_factor": [1.0] * (d // 2), "long_factor": list(lam), "original_max_position_embeddings": C,
+           "max_position_embeddings": L, "attention_factor": 1.2, "n_hat": 4}
+    apply_factors(model, fac, kv_cache="stale")
+    cos, sin = model.model.rotary_emb(x, pos)
     f0 = pos[0, :, None].float() * theta[None]
     np.testing.assert_allclose(cos[0, :4].numpy(), torch.cat((f0, f0), -1)[:4].cos().numpy(), atol=1e-6)
     f1 = pos[0, :, None].float() * (theta / torch.tensor(lam, dtype=torch.float32))[None]
     np.testing.assert_allclose(cos[0, 4:].numpy(), 1.2 * torch.cat((f1, f1), -1)[4:].cos().numpy(), atol=1e-5)
-    # the factors-file path (transformers longrope + start-token wrapper) gives the same PPL as the search path
+    # the factors-file path (the method's apply_factors) gives the search's fitness, start tokens included
     ids = torch.randint(3, 128, (1, L), generator=torch.Generator().manual_seed(1))
-    fac = {"short_factor": [1.0] * (d // 2), "long_factor": list(lam), "original_max_position_embeddings": C,
-           "max_position_embeddings": L, "attention_factor": 1.2, "n_hat": 4}
-    apply_factors(model, fac)
     hf = ppl_with_current_rope(model, ids, dtype="float32")
-    remove_start_tokens(model)
     set_rope_parameters(model, rope_type="default")
     got = Fitness(model, ids, None, lambda c: 1.2, dtype="float32")([Candidate(np.asarray(lam), n_hat=4)])[0]
-    assert got == pytest.approx(hf, rel=1e-4)
+    assert got == pytest.approx(hf, rel=1e-6)
     no_start = Fitness(model, ids, None, lambda c: 1.2, dtype="float32")([Candidate(np.asarray(lam), n_hat=0)])[0]
     assert no_start != pytest.approx(hf, rel=1e-6)
+    with pytest.raises(ValueError, match="native window"):  # documents within C would never use the long factors
+        Fitness(model, ids[:, :C], None, lambda c: 1.2)
 
 
 # -- needle-driven PPL -----------------------------------------------------------------------------------------
@@ -208,9 +208,9 @@ def test_needle_ppl_scores_exactly_the_answer_tokens(tok):
     t_ids, t_mask = torch.tensor([ids]), torch.tensor([mask])
     f = Fitness(model, t_ids, t_mask, lambda c: 1.0, dtype="float32", chunk=64)
     got = f([Candidate(np.full(8, 2.0))])[0]
-    with candidate_rope(model, [np.full(8, 2.0)], [1.0]):
-        with torch.no_grad():
-            logits = model(t_ids).logits[0].float()
+    apply_factors(model, f.factors(Candidate(np.full(8, 2.0))), kv_cache="stale")
+    with torch.no_grad():
+        logits = model(t_ids).logits[0].float()
     lp = torch.log_softmax(logits[:-1], -1)
     pos = [i for i in range(1, L) if mask[i]]
     manual = math.exp(-float(torch.stack([lp[i - 1, ids[i]] for i in pos]).mean()))
@@ -373,7 +373,9 @@ def test_method_loads_search_output_and_reproduces_its_fitness(tmp_path, tok, al
     meth.apply(ModelHandle(model, tok, "random", C, {}))
     ids = long_documents(tok, a.dataset, a.split, 1, target)
     got = ppl_with_current_rope(model, ids, dtype="float32")
-    assert got == pytest.approx(info["best_fitness"], rel=1e-4)
+    # the search scored its candidates through the longrope method's own code: the same number, up to the file's
+    # 6-decimal rounding of the factors
+    assert got == pytest.approx(info["best_fitness"], rel=1e-6)
 
 
 def test_progressive_lineage_accepts_factors_searched_on_the_checkpoint(tmp_path):

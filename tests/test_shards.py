@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, random_llama
 
 from harness import shards
@@ -151,3 +150,13 @@ def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):
     other = next(r for r in rows if r["run_id"] != row["run_id"])
     assert other["metrics"]["ppl_books"]["ppl"] == row["metrics"]["ppl_books"]["ppl"]
     assert other["metrics"]["passkey"]["accuracy"] == row["metrics"]["passkey"]["accuracy"]
+    # every metric, not only the headline ones: the shards ran the pipeline's own evaluation stage
+    assert other["metrics"] == row["metrics"]
+    assert other["method_params"] == row["method_params"]
+    assert other["eval_versions"] == row["eval_versions"] == {"ppl_books": 1, "passkey": 1}
+    for k in ("model", "method", "data", "train", "eval", "config", "config_hash", "schema"):
+        assert other[k] == row[k], k
+    # one run.json writer: the same fields in a plain run's directory and a sharded run's
+    plain_run = json.loads(Path(other["run_dir"], "run.json").read_text())
+    sharded_run = json.loads((rdir / "run.json").read_text())
+    assert set(plain_run) == set(sharded_run) and plain_run["config"] == sharded_run["config"]

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 from harness import conf_utils, sweeps
@@ -30,7 +29,7 @@ def test_every_experiment_is_there():
         assert lines[0] == "# @package _global_" and lines[1].startswith(f"# python run.py -m experiment={e}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _points(exp: str) -> list[tuple[list[str], object]]:
     from harness import pipeline
 
@@ -46,15 +45,15 @@ def _points(exp: str) -> list[tuple[list[str], object]]:
 def test_every_sweep_point_composes(exp):
     points = _points(exp)
     assert points
-    for job, cfg in points:
+    for _job, cfg in points:
         assert cfg.study.experiment == exp and cfg.study.row
         if cfg.train.enabled is False:
             assert cfg.train.name == "none"
 
 
 def test_paper_llama2_is_table1():
-    from harness.train import TrainArgs
     from harness.config import to_args
+    from harness.train import TrainArgs
 
     rows = {cfg.study.row: cfg for _, cfg in _points("paper_llama2")}
     assert set(rows) == TABLE1
@@ -72,8 +71,8 @@ def test_paper_llama2_is_table1():
 
 
 def test_tiny_study_covers_every_method_and_entropy_abf_steps():
-    from harness.train import TrainArgs
     from harness.config import to_args
+    from harness.train import TrainArgs
 
     tiny = _points("tiny_study")
     methods = {cfg.method.name for _, cfg in tiny}

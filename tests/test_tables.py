@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from harness.tables import build_all  # noqa: E402
 from harness.tables.bootstrap import bootstrap_ci  # noqa: E402
 from harness.tables.paper import Paper  # noqa: E402
-from harness.tables.render import DASH, Cell, to_latex, to_markdown  # noqa: E402
+from harness.tables.render import DASH, Cell  # noqa: E402
 from harness.tables.rows import RowSet, kfmt, load_spec, method_key  # noqa: E402
 
 C = 256
@@ -32,8 +32,9 @@ LB_TASKS = ["narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", 
             "multi_news", "trec", "triviaqa", "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p"]
 
 
-def make_row(tmp: Path, run_id: str, method: str, train: str = "tiny", status: str = "ok", t_end: str = "2026-01-01T00:00:00",
-             ppl_base: float = 20.0, params: dict | None = None, seq_len: int = 2048, lengths=LENGTHS,
+def make_row(tmp: Path, run_id: str, method: str, train: str = "tiny", status: str = "ok",
+             t_end: str = "2026-01-01T00:00:00", ppl_base: float = 20.0, params: dict | None = None,
+             seq_len: int = 2048, lengths=LENGTHS,
              suites=("ppl", "passkey", "niah", "ruler", "longbench", "manyshot", "nll", "short"), model="tiny_llama",
              protocol="yarn", samples=True) -> dict:
     rng = np.random.default_rng(zlib.crc32(run_id.encode()))
@@ -43,7 +44,8 @@ def make_row(tmp: Path, run_id: str, method: str, train: str = "tiny", status: s
     L = [str(x) for x in lengths]
     if "ppl" in suites:
         for k in ("ppl_books", "ppl_code"):
-            metrics[k] = {"ppl": {x: ppl_base * (1 + 0.1 * i) + (0 if k == "ppl_books" else -5) for i, x in enumerate(L)},
+            off = 0 if k == "ppl_books" else -5
+            metrics[k] = {"ppl": {x: ppl_base * (1 + 0.1 * i) + off for i, x in enumerate(L)},
                           "protocol": protocol, "dataset": k, "skipped": {}, "documents": 8}
             if samples:  # per-document NLL whose exp(mean) is the PPL (rows written since issue 20)
                 d = np.linspace(-0.2, 0.2, 8)
@@ -191,7 +193,7 @@ def test_every_paper_cell_is_addressable():
     p = Paper()
     cells = list(p.cells())
     assert len(cells) > 700
-    for tid, row, col, v in cells:
+    for tid, row, col, _v in cells:
         assert isinstance(tid, str) and row and col
     assert p.value("table2_proofpile", "yarn", "64k") == (True, 106.38)
     assert p.value("table2_pg19", "base", "8k") == (True, None)         # "-" in the paper

@@ -2,9 +2,7 @@
 engine (same result as the single-process engine; gathered weights load in a single process)."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, random_llama
+
 from harness.config import ConfigError
 from harness.methods import Method, MethodArgs
 from harness.models import ModelHandle
@@ -89,7 +87,8 @@ def test_ema_constant_decay():
 
 def test_batches_for_step_disjoint_ranks():
     chunks = np.arange(64).reshape(16, 4)
-    seen = [ids[0, 0].item() // 4 for r in range(2) for s in range(2) for ids in batches_for_step(chunks, s, 2, 1, r, 2)]
+    seen = [ids[0, 0].item() // 4 for r in range(2) for s in range(2)
+            for ids in batches_for_step(chunks, s, 2, 1, r, 2)]
     assert sorted(seen) == list(range(8))
 
 
@@ -182,7 +181,8 @@ def _model_dir(tmp: Path) -> Path:
     d = tmp / "model"
     tok = AutoTokenizer.from_pretrained(ROOT / "harness" / "assets" / "tiny_llama")
     m = random_llama(vocab=len(tok), hidden=32, layers=2, heads=2, ctx=64, seed=3)
-    m.config.bos_token_id, m.config.eos_token_id, m.config.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+    m.config.bos_token_id, m.config.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    m.config.pad_token_id = tok.pad_token_id
     m.save_pretrained(d)
     tok.save_pretrained(d)
     return d

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import ConfigError, to_args
+from harness.config import ConfigError
 from harness.registry import Registry
 
 DATA: Registry = Registry("data", "harness.data")
@@ -79,8 +79,7 @@ def build_data(cfg, tokenizer, seq_len: int, n_tokens: int) -> np.ndarray:
     name = cfg.get("name") if hasattr(cfg, "get") else None
     if not name:
         raise ConfigError("data config has no name")
-    cls = DATA.get(name)
-    args = to_args(cls.Args, cfg, f"data={name}")
+    cls, args = DATA.args(cfg, f"data={name}")
     if seq_len <= 0 or n_tokens < seq_len:
         raise ConfigError(f"data={name}: impossible lengths (seq_len={seq_len}, tokens={n_tokens})")
     return cls.build(args, tokenizer, seq_len, n_tokens)

@@ -45,7 +45,7 @@ class LocalMix:
         synthetic_kinds: dict = field(default_factory=dict)  # kind -> weight; empty = _default_kinds()
 
     @staticmethod
-    def documents(a: "LocalMix.Args", tokenizer, seq_len: int) -> dict[str, list[list[int]]]:
+    def documents(a: LocalMix.Args, tokenizer, seq_len: int) -> dict[str, list[list[int]]]:
         enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
         out: dict[str, list[list[int]]] = {}
         rng = random.Random(a.seed)
@@ -78,7 +78,7 @@ class LocalMix:
         return out
 
     @staticmethod
-    def build(a: "LocalMix.Args", tokenizer, seq_len: int, n_tokens: int):
+    def build(a: LocalMix.Args, tokenizer, seq_len: int, n_tokens: int):
         if not a.shares:
             a.shares = _default_shares()
         def make():

@@ -149,7 +149,8 @@ def mixture_stats(docs_by_source, picks: list[Pick], shares: dict[str, float], l
     for s in shares:
         sub = {s: lengths[s]}
         mine = [p for p in picks if p.source == s]
-        per_src[s] = {"documents": len(mine), "long_share_natural": round(long_token_share(sub, None, long_threshold), 4),
+        per_src[s] = {"documents": len(mine),
+                      "long_share_natural": round(long_token_share(sub, None, long_threshold), 4),
                       "long_share_sampled": round(long_token_share(sub, mine, long_threshold), 4)}
     # natural long share of the *mix*: each source's natural share weighted by its target share (comparable with
     # the sampled share; the raw corpus total would be dominated by whichever source is largest on disk)

@@ -45,7 +45,7 @@ def _default_shares():
 
 def iter_records(path: Path, seed: int):
     """Yield (source, text) from every shard under ``path`` (shards in a seeded order)."""
-    files = sorted(p for p in path.rglob("*") if p.is_file() and (p.name.endswith((".jsonl", ".jsonl.zst", ".parquet"))))
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.zst", ".parquet")))
     if not files:
         raise ConfigError(f"data=slimpajama_upsampled: no *.jsonl / *.jsonl.zst / *.parquet shards under {path} "
                           f"(prepare them with scripts/prepare_cluster_data.py)")
@@ -96,7 +96,7 @@ class SlimPajamaUpsampled:
         chars_per_token: float = 3.6  # length estimate before tokenising (Fu: LLAMA_CHAR_TO_TOKEN_RATIO)
 
     @staticmethod
-    def collect(a: "SlimPajamaUpsampled.Args", records, tokenize, n_tokens: int, long_threshold: int,
+    def collect(a: SlimPajamaUpsampled.Args, records, tokenize, n_tokens: int, long_threshold: int,
                 overhead: int) -> tuple[dict[str, list[np.ndarray]], list[Pick], dict[str, int]]:
         """Stream records, keep long documents and a 1/upsample share of short ones per source until every
         source's budget is full. Returns documents, picks (in arrival order) and the estimated lengths seen."""
@@ -133,7 +133,7 @@ class SlimPajamaUpsampled:
         return docs, picks, seen
 
     @staticmethod
-    def build(a: "SlimPajamaUpsampled.Args", tokenizer, seq_len: int, n_tokens: int):
+    def build(a: SlimPajamaUpsampled.Args, tokenizer, seq_len: int, n_tokens: int):
         if not a.shares:
             a.shares = _default_shares()
         if not a.path or not Path(a.path).is_dir():

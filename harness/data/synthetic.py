@@ -3,8 +3,8 @@
 Why varied: a tiny model trained on one passkey template learns the template, not retrieval (measured here: the
 same words re-spaced dropped its accuracy from 1.00 to 0.07; ``../shared/notes/environment.md``). Every document
 therefore draws its key name, value type, info-line phrasing, question phrasing, separators, filler kind and
-distractors at random, and no document may contain an evaluation template (``harness.evals.templates``): a
-document that would is rejected and drawn again.
+distractors at random, and no document may contain an evaluation template (``harness.evals.templates``, checked
+by ``harness.contamination``): a document that would is rejected and drawn again.
 
 Document kinds:
 - ``retrieval``: filler with one key/value statement at a random depth, optional distractor statements with other
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from harness.evals.templates import EVAL_FRAGMENTS
+from harness.contamination import contains_eval_template
 
 KEY_NAMES = [
     "pass key", "passkey", "secret code", "access code", "magic number", "PIN", "key number", "secret number",
@@ -481,10 +481,6 @@ def set_kind_weights(**weights: float) -> None:
     """Change the mixture of document kinds (the pretraining curriculum's copy-heavy stage uses this)."""
     KIND_WEIGHTS.clear()
     KIND_WEIGHTS.update(weights)
-
-
-def contains_eval_template(text: str) -> bool:
-    return any(f in text for f in EVAL_FRAGMENTS)
 
 
 def synthetic_document(rng: random.Random, filler: FillerFactory, budget_tokens: int,

@@ -3,7 +3,8 @@
 An evaluator class has an ``Args`` dataclass (validated against its YAML) and ``run(handle, method, ctx)``
 returning a JSON-able dict of metrics: ``{"metric": {length: value}, ...}`` plus whatever the tables need. Lengths
 the method cannot serve are reported under ``"skipped"`` with a reason, never silently dropped. Per-sample records
-go to ``ctx.samples_path(name)`` (JSONL beside the row).
+go to ``ctx.samples_path(name)`` (JSONL beside the row). A class attribute ``version`` (int; 1 when absent) is
+recorded per suite entry in the row (``eval_versions``): bump it when a change alters the evaluator's numbers.
 
 Before anything loads, ``check_suite`` refuses impossible settings with one line naming the key and the valid
 range: evaluation lengths that are not positive integers or exceed :data:`MAX_EVAL_WINDOWS` x the native window C,
@@ -17,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.config import ConfigError, to_args
+from harness.config import ConfigError
 from harness.registry import Registry
 
 EVALS: Registry = Registry("evaluator", "harness.evals")
@@ -49,15 +50,8 @@ class EvalContext:
 
 def build_evaluators(suite_cfg) -> list:
     """The one builder for the eval suite: ``{name: node}`` -> evaluator instances, in order."""
-    out = []
-    for key, node in (suite_cfg or {}).items():
-        name = (node or {}).get("name") or key
-        try:
-            cls = EVALS.get(name)
-        except KeyError as e:
-            raise ConfigError(f"eval.suite.{key}: {e.args[0]}") from None
-        out.append(cls(to_args(cls.Args, node, f"eval.suite.{key}")))
-    return out
+    return [EVALS.build(node, f"eval.suite.{key}", name=(node or {}).get("name") or key)
+            for key, node in (suite_cfg or {}).items()]
 
 
 def check_lengths(lengths, native_ctx: int, key: str) -> list[int]:

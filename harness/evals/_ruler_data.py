@@ -40,13 +40,18 @@ import random
 import re
 import string
 import uuid
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from harness.evals.templates import (RULER_MODEL_TEMPLATES, RULER_NIAH_NEEDLE, RULER_QA_DOCUMENT, RULER_REPEAT_NOISE,
-                                     RULER_TASKS)
+from harness.evals.templates import (
+    RULER_MODEL_TEMPLATES,
+    RULER_NIAH_NEEDLE,
+    RULER_QA_DOCUMENT,
+    RULER_REPEAT_NOISE,
+    RULER_TASKS,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "ruler"
 DEPTHS = [int(x) for x in np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)]
@@ -138,18 +143,18 @@ def pseudo_words(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def word_lists() -> tuple[list[str], list[str], list[str]]:
     return _read_list("adjectives.txt"), _read_list("nouns.txt"), _read_list("verbs.txt")
 
 
-@lru_cache(maxsize=None)
+@cache
 def niah_words() -> list[str]:
     adjs, nouns, _ = word_lists()
     return sorted({f"{a}-{n}" for a in adjs for n in nouns})
 
 
-@lru_cache(maxsize=None)
+@cache
 def cwe_words(min_size: int, seed: int) -> list[str]:
     adjs, nouns, verbs = word_lists()
     words = sorted(set(nouns + adjs + verbs))
@@ -544,7 +549,7 @@ class RulerGenerator:
                 max(1, math.ceil(len(docs) / 10))
         raise ValueError(kind)
 
-    @lru_cache(maxsize=None)  # noqa: B019 (one generator per evaluation run)
+    @cache  # noqa: B019 (one generator per evaluation run)
     def vt_icl(self, task: str) -> str:
         """The vt one-shot example: a 3-letter-name sample built at ``vt_icl_length`` tokens, answer appended."""
         kind, cfg = TASKS[task]

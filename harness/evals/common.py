@@ -2,45 +2,11 @@
 and greedy generation with the KV cache."""
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@functools.cache
-def fast_bf16_cpu() -> bool:
-    """True when this CPU has native bf16 matmul (AMX or AVX512-BF16). Without it (e.g. AVX2-only EPYC), bf16
-    autocast is ~100x slower than fp32 (measured here: 1024^3 matmul 2.8 s in bf16 vs 0.023 s in fp32).
-    Cached: the answer cannot change within a process, and every NLL chunk and generation step asks."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_dtype(dtype: str, device: torch.device | None = None) -> str:
-    """``auto`` -> bfloat16 on CUDA or on CPUs with native bf16, float32 otherwise."""
-    if dtype != "auto":
-        return dtype
-    if device is not None and device.type == "cuda":
-        return "bfloat16"
-    return "bfloat16" if fast_bf16_cpu() else "float32"
-
-
-def autocast(device: torch.device, dtype: str):
-    dtype = resolve_dtype(dtype, device)
-    if dtype in DTYPES:
-        return torch.autocast(device.type, dtype=DTYPES[dtype])
-    return contextlib.nullcontext()
-
-
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
+# the compute-dtype helpers live on the ground floor (training uses them too); re-exported for the evaluators
+from harness.device import DTYPES, autocast, fast_bf16_cpu, model_device, resolve_dtype  # noqa: F401
 
 
 @torch.inference_mode()

@@ -1,11 +1,13 @@
 """helmet_recall: HELMET's synthetic recall category (Yen et al. 2024, ``princeton-nlp/HELMET``,
-``configs/recall.yaml``): ``json_kv``, ``ruler_niah_mk_2``, ``ruler_niah_mk_3``, ``ruler_niah_mv``; the category score is their mean.
+``configs/recall.yaml``): ``json_kv``, ``ruler_niah_mk_2``, ``ruler_niah_mk_3``, ``ruler_niah_mv``; the category score
+is their mean.
 
 ``json_kv`` (``data.py`` ``load_json_kv``; prompt from ``nelson-liu/lost-in-the-middle`` ``kv_retrieval.prompt``):
-``"JSON data:\n"`` + a JSON object of ``k`` UUID keys -> UUID values; prompt ``"{context}\\n\\nExtract the value corresponding to the
-specified key in the JSON object below.\\n\\n{demos}Key: {question}" + "\\n" + "Corresponding value:"`` with
-``shots: 2`` demos ``"Key: {key}\\nCorresponding value: {value}"`` joined by blank lines; ``generation_max_length:
-100``. Score: ``substring_exact_match`` (``utils.py``: SQuAD ``normalize_answer`` of the gold value is a substring of
+``"JSON data:\n"`` + a JSON object of ``k`` UUID keys -> UUID values; prompt ``"{context}\\n\\nExtract the value
+corresponding to the specified key in the JSON object below.\\n\\n{demos}Key: {question}" + "\\n" +
+"Corresponding value:"`` with ``shots: 2`` demos ``"Key: {key}\\nCorresponding value: {value}"`` joined by blank
+lines; ``generation_max_length: 100``. Score: ``substring_exact_match`` (``utils.py``: SQuAD ``normalize_answer`` of
+the gold value is a substring of
 the normalised prediction), the max of the raw prediction's and of ``parse_output(prediction, "corresponding
 value:")``'s. ``k`` is the largest number of pairs whose prompt fits L (the released files fix it per length and
 tokenizer: ``test_k50_dep6`` = 4k for LLaMA-2 ... ``test_k1800_dep6`` = 128k).
@@ -48,8 +50,13 @@ from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
 from harness.evals._ruler_data import DoesNotFit, RulerGenerator, _largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
-from harness.evals.templates import (HELMET_JSON_KV_DEMO, HELMET_JSON_KV_SYSTEM, HELMET_JSON_KV_USER,
-                                     HELMET_PROMPT_JOIN, JSON_KV_CONTEXT)
+from harness.evals.templates import (
+    HELMET_JSON_KV_DEMO,
+    HELMET_JSON_KV_SYSTEM,
+    HELMET_JSON_KV_USER,
+    HELMET_PROMPT_JOIN,
+    JSON_KV_CONTEXT,
+)
 from harness.stats import bounded_interval
 
 TASKS = ["json_kv", "ruler_niah_mk_2", "ruler_niah_mk_3", "ruler_niah_mv"]

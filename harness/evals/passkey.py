@@ -18,8 +18,8 @@ import torch
 
 from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, greedy_generate, reuse_order
-from harness.stats import wilson
 from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
+from harness.stats import wilson
 
 STEP = 128  # characters of garbage added per step (YaRN eval/passkey.py)
 

@@ -229,8 +229,8 @@ class Perplexity:
                 use = subsample(starts, a.max_windows)
                 losses = [token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk, ctx.autocast).mean().item()
                           for i in use]
-                recs += [{"dataset": a.dataset, "length": L, "begin": i, "end": i + L, "scored": L - 1, "nll": round(x, 6)}
-                         for i, x in zip(use, losses)]
+                recs += [{"dataset": a.dataset, "length": L, "begin": i, "end": i + L, "scored": L - 1,
+                          "nll": round(x, 6)} for i, x in zip(use, losses)]
                 # LongLoRA eval.py: ppl = 2.71828 ** val_loss (kept verbatim; e differs in the 7th digit)
                 res[str(L)] = 2.71828 ** float(np.mean(losses)) if losses else None
                 scored[str(L)] = {"tokens": len(use) * (L - 1), "windows": len(use), "windows_total": len(starts)}

@@ -1,10 +1,11 @@
 """Verbatim evaluation templates, kept in one place.
 
 The evaluators format their prompts from these strings, and the tiny model's synthetic training documents are
-checked against them (``harness.data.synthetic`` refuses any document containing one of ``EVAL_FRAGMENTS``), so
-that no evaluation template is ever seen verbatim in training: the study must measure retrieval, not a memorised
-format.
+checked against them (``harness.data.synthetic`` refuses any document containing one of ``EVAL_FRAGMENTS``, which
+``harness.contamination`` defines below the evaluators so the data builders need not import them), so that no
+evaluation template is ever seen verbatim in training: the study must measure retrieval, not a memorised format.
 """
+from harness.contamination import EVAL_FRAGMENTS  # noqa: F401  (re-exported: the filter lives on the ground floor)
 
 # --- Passkey retrieval: Mohtashami & Jaggi 2023, epfml/landmark-attention llama/run_test.py -----------------------
 PASSKEY_TASK = (
@@ -158,27 +159,3 @@ LONGBENCH_V2_TEMPLATE = (
     "follows: \"The correct answer is (insert answer here)\"."
 )
 
-EVAL_FRAGMENTS = (
-    PASSKEY_TASK,
-    PASSKEY_GARBAGE,
-    "Remember it. ",
-    PASSKEY_QUESTION,
-    "best thing to do in San Francisco",
-    "Dolores Park",
-    "special magic",
-    "This is a very long story book",
-    "chain(s) of variable assignment",
-    "variables are assgined the value",
-    "appear most often in the list",
-    "three most frequently appeared",
-    "Answer the question based on the given documents",
-    "hidden in some random text",
-    "hidden in some random text and a question",
-    "The most recent location of",
-    "Always return your answer in the following format",
-    "Your answer should contain only one word",
-    "Extract the value corresponding to the specified key",
-    "Corresponding value:",
-    "Please read the following text and answer the question below",
-    "The correct answer is (insert answer here)",
-)

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import ConfigError, to_args
+from harness.config import ConfigError
 from harness.registry import Registry
 
 METHODS: Registry = Registry("method", "harness.methods")
@@ -87,17 +87,10 @@ def build_method(cfg) -> Method:
     """The one builder. The method's YAML (``conf/method/<name>.yaml``) is layered under ``cfg``, so a call from
     code (``build_method({"name": "ntk_64k"})``) gets the same defaults as ``method=ntk_64k`` on the command line
     (several names share one class and differ only in their YAML: ntk_dynamic / ntk_32k / ntk_64k)."""
-    from omegaconf import DictConfig, OmegaConf
-
     name = cfg.get("name") if hasattr(cfg, "get") else None
     if not name:
         raise ConfigError("method config has no name")
-    try:
-        cls = METHODS.get(name)
-    except KeyError as e:
-        raise ConfigError(f"method={name}: {e.args[0]}") from None
-    node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return cls(to_args(cls.Args, {**yaml_defaults(name), **node}, f"method={name}"))
+    return METHODS.build(cfg, f"method={name}", defaults=yaml_defaults(name))
 
 
 def yaml_defaults(name: str) -> dict:

@@ -131,8 +131,8 @@ def rotate_each(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
 # ---------------------------------------------------------------------------------------------------- kernel
 def group_q(q: torch.Tensor, n_kv: int) -> torch.Tensor:
     """[B, H, L, D] -> [B, H_kv, H/H_kv, L, D] (head h uses kv head h // (H/H_kv), as transformers' repeat_kv)."""
-    b, h, l, d = q.shape
-    return q.view(b, n_kv, h // n_kv, l, d)
+    b, h, L, d = q.shape
+    return q.view(b, n_kv, h // n_kv, L, d)
 
 
 def tile_scores(qg: torch.Tensor, k: torch.Tensor, qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:

@@ -100,7 +100,7 @@ def dca_attention(module, query, key, value, attention_mask, scaling=None, dropo
         diff = q_chunk[:, qs:qe, None] - k_chunk[:, None, ks:ke]  # [B, bq, bk]
         ok = (q_idx[qs:qe, None] >= k_idx[None, ks:ke])[None] & valid[:, None, ks:ke] & (diff >= 0)
         s = None
-        for part, qg, sel in ((0, q_intra, diff == 0), (1, q_succ, diff == 1), (2, q_inter, diff >= 2)):
+        for qg, sel in ((q_intra, diff == 0), (q_succ, diff == 1), (q_inter, diff >= 2)):
             sel = ok & sel
             if qg is None or not bool(sel.any()):
                 continue

@@ -114,7 +114,6 @@ def _full_grouped(q, k, v, is_mem_k, valid, scale, q_block):
     """No retrieval: grouped softmax over all keys (training; first chunk; top_k = 0). Blocked over queries."""
     b, h, lq, d = q.shape
     n_kv, kv = k.shape[1], k.shape[2]
-    g = h // n_kv
     blk = torch.cumsum(is_mem_k.long(), -1) - is_mem_k.long()  # [B, kv]: landmarks strictly before
     nb = int(blk.max()) + 1 if kv else 1
     k_idx = torch.arange(kv, device=q.device)

@@ -46,8 +46,8 @@ ATTN_NAME = "harness_longlora_s2"
 def _expand(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     if n_rep == 1:
         return x
-    b, h, l, d = x.shape
-    return x[:, :, None].expand(b, h, n_rep, l, d).reshape(b, h * n_rep, l, d)
+    b, h, L, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, L, d).reshape(b, h * n_rep, L, d)
 
 
 def _grouped_causal(q, k, v, valid, group: int, scale: float) -> torch.Tensor:

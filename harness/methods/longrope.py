@@ -32,8 +32,14 @@ import torch
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import (KV_CACHE_MODES, default_inv_freq, make_length_dependent, rope_dims,
-                                  rotary_modules, set_rope_parameters)
+from harness.methods.rope import (
+    KV_CACHE_MODES,
+    default_inv_freq,
+    make_length_dependent,
+    rope_dims,
+    rotary_modules,
+    set_rope_parameters,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "longrope"
 DEFAULT_FILE = ASSETS / "tiny_llama_512_4096.json"
@@ -45,7 +51,8 @@ def load_factors(path: str | Path, rotary_half: int | None, native_ctx: int | No
     counts are not checked (before the model is loaded)."""
     p = Path(path) if path else DEFAULT_FILE
     if not p.is_file():
-        raise ConfigError(f"LongRoPE factors file not found: {p} (method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
+        raise ConfigError(f"LongRoPE factors file not found: {p} "
+                          f"(method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
     try:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -121,6 +128,33 @@ class StartTokens:
         return cos, sin
 
 
+def apply_factors(model, f: dict, *, switch: bool = True, n_hat: int = -1, attention_factor: float = 0.0,
+                  kv_cache: str = "refresh") -> dict:
+    """Put the factors ``f`` (a factors file's dict) on ``model``: the one way LongRoPE factors reach a model, used
+    by this method, by the factor search's fitness (``harness.search.fitness``) and by its ``verify`` step. The
+    keyword arguments are the method's (``n_hat`` -1 / ``attention_factor`` 0: the file's value). Returns the
+    resolved ``n_hat``, attention factor and window sizes. Applying again replaces the previous factors (the rotary
+    modules are rebuilt, their hooks with them); ``kv_cache: refresh`` also hooks the decoder, so repeated
+    application without a KV cache should use ``stale``."""
+    base, dim = rope_dims(model.config)
+    orig, target = int(f["original_max_position_embeddings"]), int(f["max_position_embeddings"])
+    att = attention_factor or f.get("attention_factor") or su_mscale(target / orig, orig)
+    short = list(map(float, f["short_factor"] if switch else f["long_factor"]))
+    set_rope_parameters(model, rope_type="longrope", short_factor=short, long_factor=list(map(float, f["long_factor"])),
+                        original_max_position_embeddings=orig, factor=target / orig, attention_factor=float(att))
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    refresh = make_length_dependent(model, ROPE_INIT_FUNCTIONS["longrope"], kv_cache)
+    n_hat = int(f.get("n_hat", 0) if n_hat < 0 else n_hat)
+    if n_hat > 0:
+        for m in rotary_modules(model):
+            StartTokens(m, n_hat, base, dim)
+        if refresh is not None:
+            refresh.keep_first = n_hat
+    return {"n_hat": n_hat, "attention_factor": float(att), "original_max_position_embeddings": orig,
+            "max_position_embeddings": target}
+
+
 @METHODS.register("longrope")
 class LongRoPE(Method):
     @dataclass
@@ -145,27 +179,11 @@ class LongRoPE(Method):
     def apply(self, handle) -> None:
         a = self.args
         self.check(handle.native_ctx)
-        model = handle.model
-        base, dim = rope_dims(model.config)
+        _, dim = rope_dims(handle.model.config)
         f = load_factors(a.factors, dim // 2, handle.native_ctx)
-        orig, target = int(f["original_max_position_embeddings"]), int(f["max_position_embeddings"])
-        att = a.attention_factor or f.get("attention_factor") or su_mscale(target / orig, orig)
-        short = list(map(float, f["short_factor"] if a.switch else f["long_factor"]))
-        set_rope_parameters(model, rope_type="longrope", short_factor=short,
-                            long_factor=list(map(float, f["long_factor"])),
-                            original_max_position_embeddings=orig, factor=target / orig, attention_factor=float(att))
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        refresh = make_length_dependent(model, ROPE_INIT_FUNCTIONS["longrope"], a.kv_cache)
-        n_hat = int(f.get("n_hat", 0) if a.n_hat < 0 else a.n_hat)
-        if n_hat > 0:
-            for m in rotary_modules(model):
-                StartTokens(m, n_hat, base, dim)
-            if refresh is not None:
-                refresh.keep_first = n_hat
-        self.resolved = {"factors_file": f["path"], "n_hat": n_hat, "attention_factor": float(att),
-                         "original_max_position_embeddings": orig, "max_position_embeddings": target,
-                         "provenance": f.get("provenance", {})}
+        got = apply_factors(handle.model, f, switch=a.switch, n_hat=a.n_hat, attention_factor=a.attention_factor,
+                            kv_cache=a.kv_cache)
+        self.resolved = {"factors_file": f["path"], **got, "provenance": f.get("provenance", {})}
 
     def params(self) -> dict:
         return {**super().params(), "factors_sha256": factors_digest(self.args.factors)}

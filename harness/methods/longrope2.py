@@ -30,8 +30,13 @@ import torch
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
 from harness.methods.longrope import factors_digest, load_factors, progressive_lineage
-from harness.methods.rope import (default_inv_freq, make_length_dependent, register_rope_type, rope_dims,
-                                  set_rope_parameters)
+from harness.methods.rope import (
+    default_inv_freq,
+    make_length_dependent,
+    register_rope_type,
+    rope_dims,
+    set_rope_parameters,
+)
 
 
 def longrope2_parameters(config, device=None, seq_len=None, layer_type=None):
@@ -85,7 +90,8 @@ class LongRoPE2(Method):
         f = load_factors(a.factors, dim // 2, handle.native_ctx)
         c, target = int(f["original_max_position_embeddings"]), int(f["max_position_embeddings"])
         s = target / c
-        att = a.attention_factor or f.get("attention_factor") or (math.sqrt(1 + math.log(s) / math.log(c)) if s > 1 else 1.0)
+        att = (a.attention_factor or f.get("attention_factor")
+               or (math.sqrt(1 + math.log(s) / math.log(c)) if s > 1 else 1.0))
         set_rope_parameters(model, rope_type="longrope2", long_factor=list(map(float, f["long_factor"])),
                             original_max_position_embeddings=c, attention_factor=float(att), factor=s,
                             short_attention=a.short_attention)

@@ -30,8 +30,13 @@ from dataclasses import dataclass
 
 from harness.config import MAX_WINDOWS, ConfigError, window_tokens
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import (KV_CACHE_MODES, make_length_dependent, ntk_by_length_parameters, ntk_multiplier,
-                                  set_rope_parameters)
+from harness.methods.rope import (
+    KV_CACHE_MODES,
+    make_length_dependent,
+    ntk_by_length_parameters,
+    ntk_multiplier,
+    set_rope_parameters,
+)
 
 
 @METHODS.register("ntk_64k")

@@ -11,7 +11,8 @@ dynamic-NTK formula) made *stateless* by a pre-forward hook on the rotary module
 only. transformers' own ``"dynamic"`` is stateful (after a long input the larger base sticks for any later input
 of length >= C), which would make results depend on evaluation order; Table 8 implies per-length values.
 KV cache (``kv_cache``): ``refresh`` (default) re-rotates cached keys whenever the base changes (every cached key
-carries the current base, as with CLEX's pre-RoPE key cache; see ``rope.CacheRefresh``); ``stale`` reproduces transformers' stale-key behaviour (issue #25104).
+carries the current base, as with CLEX's pre-RoPE key cache; see ``rope.CacheRefresh``); ``stale`` reproduces
+transformers' stale-key behaviour (issue #25104).
 """
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ from dataclasses import dataclass
 
 from harness.config import ConfigError
 from harness.methods import METHODS, Method, MethodArgs
-from harness.methods.rope import (KV_CACHE_MODES, make_length_dependent, ntk_by_length_parameters, ntk_multiplier,
-                                  set_rope_parameters)
+from harness.methods.rope import (
+    KV_CACHE_MODES,
+    make_length_dependent,
+    ntk_by_length_parameters,
+    ntk_multiplier,
+    set_rope_parameters,
+)
 
 
 @METHODS.register("ntk_frozen")

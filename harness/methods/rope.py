@@ -26,7 +26,7 @@ def set_rope_parameters(model, **params) -> dict:
 
 
 def rebuild_rotary(model) -> None:
-    for parent_name, parent in list(model.named_modules()):
+    for _, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("RotaryEmbedding") and hasattr(child, "inv_freq"):
                 device = child.inv_freq.device

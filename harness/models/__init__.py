@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from harness.config import ConfigError, to_args
+from harness.config import ConfigError
 from harness.registry import Registry
 
 MODELS: Registry = Registry("model", "harness.models")
@@ -51,7 +51,8 @@ def resolve_attn_implementation(requested: str) -> str:
     if requested == "flash_attention_2":
         has_fa = importlib.util.find_spec("flash_attn") is not None
         if not (has_fa and torch.cuda.is_available()):
-            warnings.warn("flash_attention_2 needs the flash-attn package and a CUDA GPU; falling back to sdpa")
+            warnings.warn("flash_attention_2 needs the flash-attn package and a CUDA GPU; falling back to sdpa",
+                          stacklevel=2)
             return "sdpa"
     return requested
 
@@ -136,8 +137,7 @@ def build_model(cfg) -> ModelHandle:
     name = (cfg or {}).get("name") if not hasattr(cfg, "name") else cfg.name
     if not name:
         raise ConfigError("model config has no name")
-    builder = MODELS.get(name)
-    args = to_args(builder.Args, cfg, f"model={name}")
+    builder, args = MODELS.args(cfg, f"model={name}", name=name)
     return builder.build(args)
 
 

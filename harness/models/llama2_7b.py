@@ -21,6 +21,7 @@ class Llama2_7B:
         attn_implementation: str = "flash_attention_2"
 
     @staticmethod
-    def build(a: "Llama2_7B.Args") -> ModelHandle:
+    def build(a: Llama2_7B.Args) -> ModelHandle:
         model, tok = load_pretrained(a.path, a.dtype, a.attn_implementation)
-        return ModelHandle(model, tok, "llama2_7b", a.native_ctx, {"path": a.path, "rotary_dim": rotary_dim(model.config)})
+        return ModelHandle(model, tok, "llama2_7b", a.native_ctx,
+                           {"path": a.path, "rotary_dim": rotary_dim(model.config)})

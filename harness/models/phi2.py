@@ -18,6 +18,6 @@ class Phi2:
         attn_implementation: str = "flash_attention_2"
 
     @staticmethod
-    def build(a: "Phi2.Args") -> ModelHandle:
+    def build(a: Phi2.Args) -> ModelHandle:
         model, tok = load_pretrained(a.path, a.dtype, a.attn_implementation)
         return ModelHandle(model, tok, "phi2", a.native_ctx, {"path": a.path, "rotary_dim": rotary_dim(model.config)})

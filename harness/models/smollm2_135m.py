@@ -33,7 +33,8 @@ class SmolLM2:
         native_ctx: int = 8192
 
     @staticmethod
-    def build(a: "SmolLM2.Args") -> ModelHandle:
+    def build(a: SmolLM2.Args) -> ModelHandle:
         d, f = (a.path, a.gguf_file) if a.path else gguf_location()
         model, tok = load_pretrained(d, a.dtype, a.attn_implementation, gguf_file=f or a.gguf_file)
-        return ModelHandle(model, tok, "smollm2_135m", a.native_ctx, {"path": f"{d}/{f}", "rotary_dim": rotary_dim(model.config)})
+        return ModelHandle(model, tok, "smollm2_135m", a.native_ctx,
+                           {"path": f"{d}/{f}", "rotary_dim": rotary_dim(model.config)})

@@ -34,7 +34,7 @@ class TinyLlama:
         native_ctx: int = 512
 
     @staticmethod
-    def build(a: "TinyLlama.Args") -> ModelHandle:
+    def build(a: TinyLlama.Args) -> ModelHandle:
         path = a.path or str(ASSET_DIR)
         if not (Path(path) / "model.safetensors").exists():
             raise ConfigError(f"tiny_llama weights not found in {path} (run scripts/pretrain_tiny.py)")
@@ -43,4 +43,5 @@ class TinyLlama:
         if not a.path and trained != a.native_ctx:
             raise ConfigError(f"model.native_ctx = {a.native_ctx} but the shipped tiny_llama was pretrained at "
                               f"{trained} tokens (its config.json); set model.native_ctx={trained}")
-        return ModelHandle(model, tok, "tiny_llama", a.native_ctx, {"path": path, "rotary_dim": rotary_dim(model.config)})
+        return ModelHandle(model, tok, "tiny_llama", a.native_ctx,
+                           {"path": path, "rotary_dim": rotary_dim(model.config)})

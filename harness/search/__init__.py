@@ -2,8 +2,8 @@
 
 - ``critical_dim``: the critical-dimension formula, closed-form seed factors (PI / NTK / YaRN), mscale policies.
 - ``evolution``: candidates, constraints, mutation / crossover, the population loop (resumable state).
-- ``fitness``: batched candidate evaluation (PPL at the target length, or needle-driven PPL), documents, and
-  ``apply_factors`` (transformers' "longrope" + start tokens) for a finished factors file.
+- ``fitness``: candidate evaluation through the ``longrope`` method (PPL at the target length, or needle-driven
+  PPL) and the fitness documents.
 
 ``run_search`` ties them together and returns the factors-file dict: ``short_factor``, ``long_factor`` (d/2 floats
 each), ``original_max_position_embeddings``, ``max_position_embeddings``, ``attention_factor``, ``n_hat``,
@@ -114,7 +114,8 @@ def build_space(a: SearchArgs, d: int, base: float, C: int, s: float) -> Space:
                  n_hat_grid=tuple(int(n) for n in (a.n_hat_grid or [0])))
 
 
-def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s: float, seed: int = 0) -> list[Candidate]:
+def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s: float,
+                    seed: int = 0) -> list[Candidate]:
     """PI / NTK / YaRN factors (LongRoPE's seeds), optional ramps and random monotone vectors (useful for LongRoPE2,
     where PI / NTK / YaRN all project to the flat vector ``s`` above the critical pair), and ``init_factors``."""
     vecs = {"pi": cd.pi_factors(d, s), "ntk": cd.ntk_factors(d, s), "yarn": cd.yarn_factors(d, s, base, C),
@@ -183,7 +184,7 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
     else:
         ids, mask = needle_documents(tok, a.dataset, a.split, a.samples, target, seed, a.needles,
                                      offset_windows=a.offset_windows)
-    fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype)
+    fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype, native_ctx=C)
     evo = Evolution(space, a.population, a.mutations, a.crossovers, a.parents, a.mutation_prob, a.crossover_prob,
                     a.max_crossover_tries, seed)
     resumable = {k: v for k, v in asdict(a).items() if k not in ("iterations", "time_budget_s")}  # may grow

@@ -62,7 +62,7 @@ class Candidate:
         return {"lam": [float(v) for v in self.lam], "n_hat": int(self.n_hat), "k": int(self.k)}
 
     @staticmethod
-    def from_json(o: dict) -> "Candidate":
+    def from_json(o: dict) -> Candidate:
         return Candidate(np.asarray(o["lam"], dtype=np.float64), int(o.get("n_hat", 0)), int(o.get("k", 0)))
 
 

@@ -359,7 +359,7 @@ def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     aliases = rs.spec.get("longbench_tasks") or {}
     for pr in paper.table(ptid)["rows"]:
         cells = []
-        for h, key, e in cols:
+        for _h, key, e in cols:
             c = Cell(decimals=2)
             if key is not None:
                 c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
@@ -406,7 +406,7 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
             else:
                 task = next((a for a in al if any(est._task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
                 fl = floors.setdefault(task, est.floor(rs, model, "ruler", task=task))
-            for h, key, e in cols:
+            for _h, key, e in cols:
                 c = Cell(decimals=2)
                 if key is not None:
                     c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
@@ -422,7 +422,7 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
             t.add([pr["label"]], cells)
         if t.n_ours():
             skipped = set()
-            for h, k, e in cols:
+            for _h, _k, e in cols:
                 for r in (e.rows if e else []):
                     for ek in rs.entry_keys(r, "ruler"):
                         skipped |= set((r["metrics"][ek].get("skipped_tasks") or {}).keys())
@@ -465,7 +465,8 @@ def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
               notes=length_notes(rs, model, 4096, "LLaMA2-7B") +
               ["Paper rows are shown for their own scale factors; ours for ours (a cell pairs them only when the "
                "scale factors are equal)."])
-    for key in ("ntk_frozen", "ntk_32k", "ntk_64k") + tuple(k for k in sweeps if k not in ("ntk_frozen", "ntk_32k", "ntk_64k")):
+    first = ("ntk_frozen", "ntk_32k", "ntk_64k")
+    for key in first + tuple(k for k in sweeps if k not in first):
         lines = []
         for pr in paper.rows("table9", key):
             lines.append((float(pr["scale"]), pr, None))

@@ -26,14 +26,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from harness import stats  # noqa: E402
-from harness.tables import estimates as est  # noqa: E402
-from harness.tables.build import _task_mean, attention  # noqa: E402
-from harness.tables.paper import Paper  # noqa: E402
-from harness.tables.rows import Entry, RowSet, num  # noqa: E402
+from harness import stats
+from harness.tables import estimates as est
+from harness.tables.build import _task_mean, attention
+from harness.tables.paper import Paper
+from harness.tables.rows import Entry, RowSet, num
 
 MARKERS = {("exact", "frozen"): "^", ("exact", "fine-tuned"): "o", ("approximate", "frozen"): "v",
            ("approximate", "fine-tuned"): "s"}

@@ -33,7 +33,7 @@ class Cell:
     nm: str | None = None        # ours is not measurable at this scale: why
     no_ci: str | None = None     # ours has no interval: why
 
-    def fill(self, x, scale: float = 1.0, source: str = "") -> "Cell":
+    def fill(self, x, scale: float = 1.0, source: str = "") -> Cell:
         """Ours from an ``estimates.Est`` (value, interval, n; the reason when there is no interval)."""
         if x is None or x.value is None:
             return self

@@ -265,7 +265,8 @@ class RowSet:
         if ev:
             suite = (((row.get("config") or {}).get("eval") or {}).get("suite") or {})
             for k, node in suite.items():
-                if isinstance(node, dict) and node.get("name") == ev and k not in keys and isinstance(metrics.get(k), dict):
+                if (isinstance(node, dict) and node.get("name") == ev and k not in keys
+                        and isinstance(metrics.get(k), dict)):
                     keys.append(k)
         return keys
 

@@ -36,7 +36,8 @@ class TrainArgs:
     grad_checkpointing: bool = False
     zero_stage: int = 3  # deepspeed engine
     offload: bool = False  # deepspeed: offload optimizer + params to CPU
-    optimizer: str = "auto"  # deepspeed: auto (DeepSpeed AdamW on GPU / with offload, else torch AdamW) | torch | deepspeed
+    # deepspeed: auto (DeepSpeed AdamW on GPU / with offload, else torch AdamW) | torch | deepspeed
+    optimizer: str = "auto"
     doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
     save_every: int = 50  # steps between resumable checkpoints (0 = none)
     keep_checkpoints: bool = False  # keep the resumable checkpoints of a finished run (default: removed)

@@ -70,7 +70,8 @@ def encode(obj, tensors: dict, key: str = "s"):
         tensors[key] = t
         return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "iu" else obj.dtype))
+        dtype = np.int64 if obj.dtype.kind in "iu" else obj.dtype
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(dtype))
         return {"__ndarray__": key, "dtype": str(obj.dtype)}
     if isinstance(obj, tuple):
         return {"__tuple__": [encode(v, tensors, f"{key}.{i}") for i, v in enumerate(obj)]}
@@ -130,7 +131,8 @@ def read_file(path: Path, reader):
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - safetensors, json, torch and OS errors alike
-        raise CheckpointError(path, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(path, f"{type(e).__name__}: {first}") from None
 
 
 def safe_torch_load(path, map_location=None, allowed: list | tuple = ()):

@@ -26,9 +26,9 @@ EMA under ZeRO-3: each rank keeps an fp32 EMA of *its own partition* of every pa
 after every optimizer step; memory is 4 bytes x params / world_size per rank, and no communication is needed. At the
 end every parameter's EMA partitions are all-gathered on rank 0 (not ``GatheredParameters``: ZeRO-3 keeps small
 parameters "persistent" and would hand back their last iterate), which writes ``final/model.safetensors``
-(loadable in a single process). With bf16 training the EMA follows the bf16 partitions (not the fp32 master copy) -- a rounding-level
-difference from an EMA of the master weights. With ZeRO stage 0-2 parameters are not partitioned and the EMA
-covers the full tensors.
+(loadable in a single process). With bf16 training the EMA follows the bf16 partitions (not the fp32 master copy)
+-- a rounding-level difference from an EMA of the master weights. With ZeRO stage 0-2 parameters are not
+partitioned and the EMA covers the full tensors.
 
 Resumption: every ``save_every`` steps all ranks write a DeepSpeed checkpoint (model, optimizer partitions, client
 scheduler) plus one state per rank (EMA partition, RNG states; tensors + JSON) into a temporary directory of this
@@ -66,9 +66,16 @@ from pathlib import Path
 import torch
 
 from harness.train import TrainArgs
+from harness.train.checkpoint import (
+    CheckpointError,
+    OtherKey,
+    Store,
+    load_state,
+    safe_torch_load,
+    save_error,
+    save_state,
+)
 from harness.train.ema import ema_update_
-from harness.train.checkpoint import (CheckpointError, OtherKey, Store, load_state, safe_torch_load, save_error,
-                                       save_state)
 from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -89,7 +96,7 @@ def bf16_enabled(a: TrainArgs) -> bool:
     if a.autocast == "bfloat16":
         return True
     if a.autocast == "auto":
-        from harness.evals.common import resolve_dtype
+        from harness.device import resolve_dtype
 
         return resolve_dtype("auto") == torch.bfloat16
     return False

@@ -128,7 +128,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         if on_step:
             on_step(step + 1, model, ema)
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
-            save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint, {"tokens": tokens_per_step * (step + 1), "losses": losses})
+            save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint,
+                            {"tokens": tokens_per_step * (step + 1), "losses": losses})
     wall = time.time() - t0
     if not a.keep_checkpoints:
         Store(ckpt_dir, fingerprint).cleanup()  # finished: the weights go to the run directory
@@ -145,5 +146,6 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         "ema_decay": a.ema_decay if a.ema else None, "doc_masking": a.doc_masking,
         "grad_checkpointing": a.grad_checkpointing, "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None, "losses": [round(x, 4) for x in losses],
-        "train_seconds": round(wall, 2), "tokens_per_second": round(tokens_per_step * (total - start) / max(wall, 1e-9), 1),
+        "train_seconds": round(wall, 2),
+        "tokens_per_second": round(tokens_per_step * (total - start) / max(wall, 1e-9), 1),
     }

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from harness.evals.common import autocast
+from harness.device import autocast
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):

@@ -1,0 +1,205 @@
+"""The import floors of ``harness/`` (docs/architecture.md): a module imports only from floors below its own (or
+from its own package), and no import cycle exists. Read from the source with ``ast`` (function-level imports
+included), nothing is imported, so a back-arrow fails here before it can become a circular import at run time."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from harness.contamination import EVAL_FRAGMENTS, contains_eval_template
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+# Lowest first. A unit is a top-level module (``results``) or a package (``evals``: all its modules).
+FLOORS = [
+    ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "results", "stats", "tracking"}),
+    ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
+    ("components", {"models", "methods", "data"}),
+    ("consumers", {"evals", "train", "tables"}),
+    ("search", {"search"}),
+    ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
+    ("entry", {"precheck", "shards"}),
+]
+FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(HARNESS.rglob("*.py")):
+        name = ".".join(("harness",) + p.relative_to(HARNESS).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the harness modules it imports (the longest existing prefix of each imported name)."""
+    mods = modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rsplit(".", 1)[0] if "." in t else ""
+                if t and t != m and not m.startswith(t + "."):
+                    edges[m].add(t)
+    return edges
+
+
+def unit(module: str) -> str:
+    return module.split(".")[1]
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_every_module_has_a_floor():
+    missing = sorted({unit(m) for m in modules()} - set(FLOOR))
+    assert not missing, f"place these in FLOORS (tests/test_architecture.py, docs/architecture.md): {missing}"
+
+
+def test_imports_only_go_down():
+    bad = []
+    for m, targets in import_graph().items():
+        for t in sorted(targets):
+            if unit(t) != unit(m) and FLOOR.get(unit(t), -1) >= FLOOR.get(unit(m), -1):
+                bad.append(f"{m} ({FLOORS[FLOOR[unit(m)]][0]}) imports {t} ({FLOORS[FLOOR[unit(t)]][0]})")
+    assert not bad, "imports against the floors:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle():
+    assert not cycles(import_graph())
+
+
+def test_checker_sees_back_arrows_and_cycles():
+    """The checks can fail: a synthetic graph with a back-arrow and a cycle is caught."""
+    edges = {"harness.data.a": {"harness.evals.b"}, "harness.evals.b": {"harness.data.a"}}
+    assert cycles(edges) == [["harness.data.a", "harness.evals.b"]]
+    assert FLOOR[unit("harness.evals.b")] >= FLOOR[unit("harness.data.a")]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+@pytest.mark.parametrize("name", ["PASSKEY_TASK", "PASSKEY_GARBAGE", "PASSKEY_INFO", "PASSKEY_QUESTION",
+                                  "NIAH_NEEDLE", "NIAH_QUESTION", "NIAH_PROMPT", "RULER_NIAH_NEEDLE",
+                                  "RULER_REPEAT_NOISE", "RULER_TASKS"])
+def test_template_filter_catches_the_evaluation_templates(name):
+    """The ground-floor filter (``harness.contamination``) catches every distinctive evaluation template, and
+    ``harness.evals.templates`` re-exports the same fragments."""
+    from harness.evals import templates
+
+    assert templates.EVAL_FRAGMENTS is EVAL_FRAGMENTS
+    value = getattr(templates, name)
+    texts = ([t["template"] + t["answer_prefix"] for t in value.values()] if isinstance(value, dict) else [value])
+    for text in texts:
+        assert contains_eval_template(text), (name, text[:80])
+
+
+# -- typed contracts: the one builder of a component --------------------------------------------------------------
+def test_registry_build_fills_the_name_and_checks_the_node():
+    from dataclasses import dataclass
+
+    from harness.config import ConfigError
+    from harness.registry import Registry
+
+    reg = Registry("thing", "harness.methods")  # the package only matters for autoload; mark it loaded
+    reg._loaded = True
+
+    @dataclass
+    class NewArgs:
+        name: str = ""  # a file in the new style: no name default
+        k: int = 1
+
+    @reg.register("new")
+    class New:
+        Args = NewArgs
+
+        def __init__(self, args):
+            self.args = args
+
+    @reg.register("old")
+    class Old:  # today's style: the Args repeats its registered name
+        @dataclass
+        class Args:
+            name: str = "old"
+            k: int = 1
+
+        def __init__(self, args):
+            self.args = args
+
+    assert reg.build({"name": "new", "k": 3}, "thing=new").args == NewArgs(name="new", k=3)
+    assert reg.build({"k": 2}, "suite.x", name="new").args.name == "new"  # looked up by key, name filled
+    assert reg.build({"name": "old"}, "thing=old").args.name == "old"
+    assert reg.build({}, "thing=old", name="old", defaults={"k": 5}).args.k == 5  # YAML defaults under the node
+    assert reg.build({"name": "old", "k": 7}, "thing=old", defaults={"k": 5}).args.k == 7
+    cls, args = reg.args({"name": "new"}, "thing=new")
+    assert cls is New and args.k == 1
+    with pytest.raises(ConfigError, match=r"thing=nope: unknown thing 'nope'"):
+        reg.build({"name": "nope"}, "thing=nope")
+    with pytest.raises(ConfigError, match=r"thing=new: .*valid keys: name, k"):
+        reg.build({"name": "new", "kk": 1}, "thing=new")
+    with pytest.raises(ConfigError, match="has no name"):
+        reg.build({}, "thing")
+
+
+def test_evaluator_version_defaults_to_one():
+    from harness.evals import build_evaluators
+    from harness.pipeline import eval_version
+
+    (ev,) = build_evaluators({"passkey": {"name": "passkey", "lengths": [64]}})
+    assert eval_version(ev) == int(getattr(type(ev), "version", 1)) >= 1
+
+    class Bumped:
+        version = 3
+
+    assert eval_version(Bumped()) == 3

@@ -55,6 +55,12 @@ def test_paper_recipe_deepspeed_json():
     assert off["offload_param"]["device"] == "cpu" and off["offload_optimizer"]["device"] == "cpu"
     cpu = ds_config(_args(engine="deepspeed", world_size=2, autocast="float32"))
     assert "optimizer" not in cpu and cpu["zero_allow_untested_optimizer"] and not cpu["bf16"]["enabled"]
+    # autocast=auto: bf16 on a GPU whatever the host CPU (resolve_dtype answers with a name, not a torch dtype)
+    auto = TrainArgs(**{**a.__dict__, "autocast": "auto"})
+    assert ds_config(auto, on_gpu=True)["bf16"]["enabled"] is True
+    from harness.device import fast_bf16_cpu
+
+    assert ds_config(auto, on_gpu=False)["bf16"]["enabled"] is fast_bf16_cpu()
 
 
 def test_global_batch_must_divide():

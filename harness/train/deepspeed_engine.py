@@ -92,13 +92,15 @@ def use_ds_optimizer(a: TrainArgs, on_gpu: bool) -> bool:
     return on_gpu or a.offload
 
 
-def bf16_enabled(a: TrainArgs) -> bool:
+def bf16_enabled(a: TrainArgs, on_gpu: bool = False) -> bool:
+    """DeepSpeed's bf16 switch from ``train.autocast``: ``auto`` is bf16 on a GPU and on CPUs with native bf16
+    (``harness.device.resolve_dtype``, which answers with a dtype *name*)."""
     if a.autocast == "bfloat16":
         return True
     if a.autocast == "auto":
         from harness.device import resolve_dtype
 
-        return resolve_dtype("auto") == torch.bfloat16
+        return resolve_dtype("auto", torch.device("cuda") if on_gpu else None) == "bfloat16"
     return False
 
 
@@ -117,7 +119,7 @@ def ds_config(a: TrainArgs, on_gpu: bool = False) -> dict:
         "gradient_accumulation_steps": acc,
         "gradient_clipping": a.grad_clip if a.grad_clip > 0 else 0.0,
         "zero_optimization": zero,
-        "bf16": {"enabled": bf16_enabled(a)},
+        "bf16": {"enabled": bf16_enabled(a, on_gpu)},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,

@@ -192,5 +192,16 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
+def first_and_band_ranges(kv: int, lq: int, n_first: int, band: int):
+    """``ranges(qs, qe)`` for ``attend``: the key ranges a query block [qs, qe) visits when each query sees the first
+    ``n_first`` keys and its own last ``band`` keys (LM-Infinite's global + local branches, StreamingLLM's sinks +
+    window). ``kv`` keys, the ``lq`` queries are the last ``lq`` of them."""
+    def ranges(qs, qe):
+        first, last = kv - lq + qs, kv - lq + qe  # key indices of the block's first query, one past the last
+        return merge_ranges([(0, min(n_first, last)), (max(0, first - band + 1), last)])
+
+    return ranges
+
+
 def default_scaling(module, scaling):
     return scaling if scaling is not None else 1.0 / math.sqrt(module.head_dim)

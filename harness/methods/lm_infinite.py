@@ -82,11 +82,7 @@ def lm_infinite_attention(module, query, key, value, attention_mask, scaling=Non
             s = sg if s is None else torch.where(glob[:, None, None], sg, s)
         return (s * scale).masked_fill(~(local | glob)[:, None, None], bw.NEG_INF)
 
-    def ranges(qs, qe):
-        first, last = kv - lq + qs, kv - lq + qe  # key indices of the block's first query, one past the last
-        return bw.merge_ranges([(0, min(g_end, last)), (max(0, first - n_local + 1), last)])
-
-    return bw.attend(query, value, score, ranges, block_q, block_k)
+    return bw.attend(query, value, score, bw.first_and_band_ranges(kv, lq, g_end, n_local), block_q, block_k)
 
 
 bw.register_attention(ATTN_NAME, lm_infinite_attention)

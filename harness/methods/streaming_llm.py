@@ -103,11 +103,7 @@ def streaming_llm_attention(module, query, key, value, attention_mask, scaling=N
             s = bw.tile_scores(q_band if use_b or not shifted else q_sink, kf, qs, qe, ks, ke)
         return (s * scale).masked_fill(~(band | sink)[:, None, None], bw.NEG_INF)
 
-    def ranges(qs, qe):
-        first, last = kv - lq + qs, kv - lq + qe  # key indices of the block's first query, one past the last
-        return bw.merge_ranges([(0, min(g_end, last)), (max(0, first - window + 1), last)])
-
-    return bw.attend(query, value, score, ranges, block_q, block_k)
+    return bw.attend(query, value, score, bw.first_and_band_ranges(kv, lq, g_end, window), block_q, block_k)
 
 
 bw.register_attention(ATTN_NAME, streaming_llm_attention)

@@ -233,4 +233,18 @@ def test_control_row_is_reported_beside_finding_l_but_never_changes_a_verdict():
     # yarn / ntk_32k have NLL 3.9 inside C, the control 3.5: the difference is positive and its interval says so
     assert all(p.ci[1] > 0 for p in ctl), [p.text() for p in ctl]
     rep = fd.report(RowSet(rows + [ctrl], load_spec()), "tiny_llama")
-    assert "control, not in the verdict" in rep
+    assert "not in the verdict: " in rep
+
+
+def test_methods_beyond_the_paper_never_change_a_verdict():
+    """A frozen method the paper did not study (DCA here, retrieving as well as Self-Extend) is reported beside (e) and
+    kept out of (d): the findings about the paper's methods keep their scope."""
+    rows = world("paper")
+    before = verdicts(rows)
+    dca = row("dca", [1, 1, 1, 1, 1], [4.0, 4.0, 4.0, 4.0, 4.0], frozen=True, key="dca")
+    pose = row("pose", [0, 0, 0, 0, 0], [4.0, 3.0, 3.0, 3.0, 3.0], frozen=False, train_len=C, key="pose")
+    after = verdicts(rows + [dca, pose])
+    assert {k: f.result for k, f in after.items()} == {k: f.result for k, f in before.items()}
+    assert [p.text() for p in after["d"].parts] == [p.text() for p in before["d"].parts]
+    assert [p.text() for p in after["e"].parts] == [p.text() for p in before["e"].parts]
+    assert [p.what for p in after["e"].controls] == ["Self-Extend - DCA"]

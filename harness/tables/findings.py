@@ -108,8 +108,9 @@ class Finding:
     reason: str = ""
     not_testable: str = ""           # why this finding (or a part) cannot be tested at this scale
     # reported beside the parts but never in the verdict: the same quantity against a control row that the paper
-    # does not have (e.g. the base model fine-tuned on the same mixture inside C), to tell the method's effect from
-    # what fine-tuning on the study's data does by itself
+    # does not have (the base model fine-tuned on the same mixture inside C, to tell the method's effect from what
+    # fine-tuning on the study's data does by itself), or for a method the paper did not study (spec.yaml
+    # ``beyond_paper``: a finding about the paper's methods keeps its scope)
     controls: list = field(default_factory=list)
 
     def decide(self):
@@ -138,6 +139,11 @@ class Evidence:
         if not fp.measurable:
             return None, f"not measurable at this scale: {fp.reason}"
         return "passkey", why
+
+    def beyond_paper(self, e: Entry) -> bool:
+        """A method the paper did not study (``beyond_paper: true`` in ``spec.yaml``): never in a finding's parts,
+        reported beside the findings that range over "every other configuration" as a control."""
+        return bool((self.rs.spec.get("methods") or {}).get(e.method, {}).get("beyond_paper"))
 
     def entry(self, key: str, frozen: bool | None = None) -> Entry | None:
         """The entry of paper key ``key`` (frozen / fine-tuned if given); several: the one whose row's method name is
@@ -325,7 +331,7 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
     for e in ev.entries:
         if (ev.rs.spec.get("methods") or {}).get(e.method, {}).get("attention", "exact") != "exact":
             continue
-        if e.method == "base" and not e.frozen:   # the fine-tuned base is a control, not an extension method
+        if (e.method == "base" and not e.frozen) or ev.beyond_paper(e):   # controls, not the paper's methods
             continue
         p = est.at(ev.rs, e, "ppl_pg19", TRAIN_F)
         n = ev.needle(e)
@@ -359,7 +365,8 @@ def f_e(ev: Evidence, paper: Paper) -> Finding:
         a, b = ev.needle(se), ev.needle(o)
         if b is None:
             continue
-        f.parts.append(_part_prop(f"Self-Extend - {o.label}", a, b, "self_extend", o.label))
+        part = _part_prop(f"Self-Extend - {o.label}", a, b, "self_extend", o.label)
+        (f.controls if ev.beyond_paper(o) else f.parts).append(part)
     if not f.parts:
         f.parts = [Part("Self-Extend - others", why="no rows: no other frozen configuration with a Needle score")]
     return f.decide()
@@ -584,7 +591,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     out += ["| finding | metric and lengths | ours (95% CI) | paper | verdict |", "|:--|:--|:--|:--|:--|"]
     for f in fs:
         ours = "<br>".join([_md(p.text()) for p in f.parts] +
-                           [_md("control, not in the verdict: " + p.text()) for p in f.controls])
+                           [_md("not in the verdict: " + p.text()) for p in f.controls])
         v = f"**{f.result}**" + (f" ({_md(f.reason)})" if f.reason else "")
         out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.metric)} | {ours} | {_md(f.paper)} | {v} |")
     out += ["", "## Not testable at this scale", ""]

@@ -428,3 +428,24 @@ def test_smollm2_runs(name):
         node.update(window=0.5) if name == "self_extend" else node.update(n_local=0.5)  # 4096 tokens
         build_method(node).apply(handle)
         assert (decoder_out(handle.model, ids) - ref).abs().max() <= 1e-4
+
+
+def test_landmark_resync_crops_a_cache_that_holds_more_than_the_caller_keeps():
+    """``PrefixCache`` crops by original-token counts and passkey prompts share a prefix: the landmark decoder then
+    continues from a position before the cache end and must crop the stream back to whole original tokens (the study's
+    Landmark row failed here: transformers 5's ``crop`` takes a negative count, not a length)."""
+    from transformers import DynamicCache
+
+    from harness.methods.landmark import _resync, stream_length
+
+    mem_freq, n_orig = 7, 30
+    held = stream_length(n_orig, mem_freq)              # 30 tokens + 4 landmarks
+    cache = DynamicCache()
+    cache.update(torch.randn(1, 2, held, 4), torch.randn(1, 2, held, 4), 0)
+    cache.harness_landmark_ids = torch.arange(100, 100 + n_orig)[None]
+    new = torch.tensor([[7, 8]])
+    feed, m, before = _resync(cache, new, torch.tensor([[20, 21]]), mem_freq)   # continue after 20 original tokens
+    assert m == 20 and before == stream_length(20, mem_freq) == cache.get_seq_length()
+    assert feed.tolist() == [[7, 8]]
+    feed, m, before = _resync(cache, new, torch.tensor([[25, 26]]), mem_freq)   # 5 original tokens fed again
+    assert m == 20 and feed.tolist() == [list(range(120, 125)) + [7, 8]]

@@ -245,7 +245,7 @@ def _resync(cache, input_ids, position_ids, mem_freq):
     while m > 0 and stream_length(m, mem_freq) > held:
         m -= 1
     if stream_length(m, mem_freq) < held:
-        cache.crop(stream_length(m, mem_freq))
+        cache.crop(stream_length(m, mem_freq) - held)  # transformers 5: a negative count of entries to remove
     feed = torch.cat([stored[:, m:n_pos].to(input_ids.device), input_ids], dim=1)
     return feed, m, stream_length(m, mem_freq)
 

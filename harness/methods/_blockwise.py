@@ -192,6 +192,14 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
+def first_real_keys(valid: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """The first ``n`` real (unpadded) keys of each row ([B, kv] mask; LM-Infinite's global tokens, StreamingLLM's
+    sinks) and the key index one past the last of them over the batch (0 when there is none)."""
+    rank = valid.long().cumsum(-1) - 1  # index among the real keys of the row
+    first = valid & (rank < n)
+    return first, (int(first.nonzero()[:, 1].max()) + 1 if bool(first.any()) else 0)
+
+
 def first_and_band_ranges(kv: int, lq: int, n_first: int, band: int):
     """``ranges(qs, qe)`` for ``attend``: the key ranges a query block [qs, qe) visits when each query sees the first
     ``n_first`` keys and its own last ``band`` keys (LM-Infinite's global + local branches, StreamingLLM's sinks +

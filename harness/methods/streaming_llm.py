@@ -77,9 +77,7 @@ def streaming_llm_attention(module, query, key, value, attention_mask, scaling=N
     scale = bw.default_scaling(module, scaling)
     q_pos, k_pos = bw.positions(position_ids, b, lq, kv, dev)
     valid = bw.key_valid(attention_mask, b, kv, dev)
-    rank = valid.long().cumsum(-1) - 1  # index among the real keys of the row
-    is_sink = valid & (rank < n_sink)  # [B, kv]
-    g_end = int(is_sink.nonzero()[:, 1].max()) + 1 if bool(is_sink.any()) else 0
+    is_sink, g_end = bw.first_real_keys(valid, n_sink)  # [B, kv]
     q_idx = torch.arange(kv - lq, kv, device=dev)
     k_idx = torch.arange(kv, device=dev)
     qf, kf = query.float(), key.float()

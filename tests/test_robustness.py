@@ -180,7 +180,10 @@ def test_failed_row_start_in_process_is_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ killed runs
 def _start_run(tmp_path, **env):
-    args = QUICK[:3] + ["eval.lengths=[256,512,1024]", "eval.suite.passkey.samples=5", "eval.suite.ppl_books.samples=2"]
+    # far more prompts than the test waits for: the run must still be alive when it is killed, on any machine (a fast
+    # CI machine finished a 5-prompt run between the heartbeat check and the SIGKILL)
+    args = QUICK[:3] + ["eval.lengths=[256,512,1024]", "eval.suite.passkey.samples=2000",
+                        "eval.suite.ppl_books.samples=200"]
     p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], env=_env(tmp_path, **env), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 900  # a bound on a hang, not a speed check (process start-up took minutes at load 15)
@@ -202,6 +205,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
     while read_rows(tmp_path / "a" / "res")[0]["heartbeat"] == row["heartbeat"]:
         assert time.time() - t0 < 300 and p.poll() is None, "the heartbeat does not advance"
         time.sleep(0.2)
+    assert p.poll() is None, "the run ended before it could be killed"
     p.send_signal(signal.SIGKILL)
     p.wait()
     (row,) = read_rows(tmp_path / "a" / "res")

@@ -154,7 +154,7 @@ def test_sigkill_mid_run_resumes_to_identical_weights(tmp_path):
     exactly the weights (EMA included) of an uninterrupted run."""
     chunks = _chunks()
     np.save(tmp_path / "chunks.npy", chunks)
-    kw = dict(name="t", enabled=True, seq_len=32, tokens=32 * 4 * 6, global_batch=4, micro_batch=1, lr=3e-3,
+    kw = dict(name="t", enabled=True, seq_len=32, tokens=32 * 4 * 24, global_batch=4, micro_batch=1, lr=3e-3,
               warmup_steps=2, ema=True, ema_decay=0.5, save_every=2, seed=0, grad_clip=1.0)
     ckpt = tmp_path / "ck"
     code = CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), threads=torch.get_num_threads(), args=kw,
@@ -169,9 +169,10 @@ def test_sigkill_mid_run_resumes_to_identical_weights(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert not (ckpt / "step_6").exists()
+    done = sorted(int(d.name.split("_")[1]) for d in ckpt.glob("step_*"))
+    assert done and done[-1] < 24, f"the child was not killed midway: {done}"  # 24 steps: room on a fast machine
     resumed, info = _single_run(ckpt, TrainArgs(**kw), chunks)  # same command again (in this process)
-    assert info["resumed_from_step"] in (2, 4)
+    assert info["resumed_from_step"] == done[-1]
     reference, ref_info = _single_run(tmp_path / "fresh", TrainArgs(**kw), chunks)
     assert ref_info["resumed_from_step"] is None
     for (n, p), (_, q) in zip(resumed.named_parameters(), reference.named_parameters()):

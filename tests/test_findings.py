@@ -248,3 +248,41 @@ def test_methods_beyond_the_paper_never_change_a_verdict():
     assert [p.text() for p in after["d"].parts] == [p.text() for p in before["d"].parts]
     assert [p.text() for p in after["e"].parts] == [p.text() for p in before["e"].parts]
     assert [p.what for p in after["e"].controls] == ["Self-Extend - DCA"]
+
+
+def _reseed(r: dict, seed: int) -> dict:
+    r = json.loads(json.dumps(r))
+    r["run_id"] += f"-s{seed}"
+    r["config"]["data"] = {"seed": seed}
+    r["config"]["train"]["seed"] = seed
+    return r
+
+
+def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclusive():
+    """A second training seed of NTK-32K whose rows reverse the paper (taken from the "opposite" world): cells show
+    seed 0 only, ``reseeded`` shows seed 1, (b) (NTK-32K best, extrapolates) is reproduced on seed 0, not on seed 1,
+    so the report calls it inconclusive and says why; the seed-to-seed table pairs the same prompts."""
+    paper = world("paper")
+    flip = _reseed(next(r for r in world("opposite") if r["run_id"] == "ntk_32k-t"), 1)
+    flip["run_id"] = "ntk_32k-t-s1"
+    rs = RowSet(paper + [flip], load_spec())
+    (e,) = [e for e in rs.for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert e.seeds == ["0", "1"] and e.seed == "0" and [r["run_id"] for r in e.rows] == ["ntk_32k-t"]
+    assert rs.other_seeds() == ["1"]
+    (e1,) = [e for e in rs.reseeded("1").for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert [r["run_id"] for r in e1.rows] == ["ntk_32k-t-s1"]
+    assert any("seeds 0, 1, shown: 0" in n for n in rs.footnotes())
+
+    alone = {f.key: f.result for f in fd.evaluate(rs, "tiny_llama")[0]}
+    fs, _, per_seed = fd.seeded(rs, "tiny_llama")
+    got = {f.key: f for f in fs}
+    assert alone["b"] == fd.REPRODUCED and per_seed["1"][1] != fd.REPRODUCED
+    assert got["b"].result == fd.INCONCLUSIVE and "depends on the training seed" in got["b"].reason
+    for k, v in alone.items():  # a finding that does not involve NTK-32K, or holds on both seeds, keeps its verdict
+        if per_seed["1"]["abcdefghijkl".index(k)] == v:
+            assert got[k].result == v, k
+    rep = fd.report(rs, "tiny_llama")
+    assert "## Training seeds" in rep
+    line = next(ln for ln in rep.splitlines() if ln.startswith("| NTK-32K | 0 \u2192 1 |"))
+    assert "1.00 \u2192 0.20 (-0.80" in line and "n=50" in line and "`ntk_32k-t-s1`" in line
+    assert fd.report(RowSet(paper, load_spec()), "tiny_llama").count("Training seeds") == 0

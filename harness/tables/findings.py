@@ -8,7 +8,10 @@ The rule (``Part.verdict``, ``verdict``):
   ``not reproduced`` when it lies entirely on the other side, ``inconclusive`` when it contains the margin, or when
   there is no interval (missing rows, a metric not measurable at this scale, rows without per-sample scores);
 - a finding is ``not reproduced`` when any part is, ``reproduced`` when every part is, else ``inconclusive``
-  (with the reason: "no rows: ...", "not measurable at this scale: ...", "interval includes 0").
+  (with the reason: "no rows: ...", "not measurable at this scale: ...", "interval includes 0");
+- where fine-tuned configurations have rows of several training seeds, every finding is decided once per seed
+  (``RowSet.reseeded``: the other seed's rows wherever an entry has them) and keeps its verdict only when every seed
+  gives the same one; otherwise it is ``inconclusive`` ("depends on the training seed"), ``seeded``.
 
 Intervals: paired where the two numbers come from the same prompts / documents (Newcombe's paired interval for
 accuracies, a paired bootstrap over documents for perplexity), unpaired otherwise (Newcombe's hybrid score
@@ -550,6 +553,60 @@ def evaluate(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[F
     return [fn(ev, paper) for fn in FINDINGS], ev
 
 
+def seeded(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence, dict]:
+    """``evaluate`` on the rows shown, then on each other training seed; a finding whose verdict differs between
+    seeds becomes inconclusive. Returns (findings, evidence of the shown seed, {seed: that seed's verdicts})."""
+    fs, ev = evaluate(rs, model, paper)
+    per_seed = {}
+    for s in rs.other_seeds(model):
+        other, ev_s = evaluate(rs.reseeded(s), model, paper)
+        per_seed[s] = [f.result for f in other]
+        for rid, lab in ev_s.used.items():
+            ev.used.setdefault(rid, f"{lab}, seed {s}")
+    for i, f in enumerate(fs):
+        got = {s: v[i] for s, v in per_seed.items()}
+        if any(v != f.result for v in got.values()):
+            shown = _shown_seed(rs, model)
+            f.reason = ("depends on the training seed: " + "; ".join(
+                [f"seed {shown}: {f.result}"] + [f"seed {s}: {v}" for s, v in got.items()]))
+            f.result = INCONCLUSIVE
+    return fs, ev, per_seed
+
+
+def _shown_seed(rs: RowSet, model: str) -> str:
+    shown = sorted({str(e.seed) for e in rs.for_model(model) if len(e.by_seed) > 1})
+    return "/".join(shown) or "?"
+
+
+def seed_differences(rs: RowSet, model: str) -> list[str]:
+    """Markdown rows: for each configuration with several training seeds, another seed minus the shown one on the same
+    prompts / documents (passkey at C and 8C: Newcombe's paired interval; books PPL ratio at C and 8C: paired
+    bootstrap), so that a reader sees how much of a between-method difference one training seed can make."""
+    out = []
+    for e in rs.for_model(model):
+        if len(e.by_seed) < 2:
+            continue
+        a = e.with_seed(e.seed)
+        for s in e.seeds:
+            if s == e.seed:
+                continue
+            b = e.with_seed(s)
+            cells = []
+            for f in (1.0, TRAIN_F):
+                x, y = est.at(rs, b, "passkey", f), est.at(rs, a, "passkey", f)
+                d = prop_diff(x, y)
+                cells.append("—" if d is None else f"{y.value:.2f} → {x.value:.2f} ({d[0]:+.2f} "
+                             f"[{d[1]:+.2f}, {d[2]:+.2f}], n={len(x.samples)})")
+            for f in (1.0, TRAIN_F):
+                x, y = est.at(rs, b, "ppl_pg19", f), est.at(rs, a, "ppl_pg19", f)
+                p = _ppl_part("", x, y, 1, ratio=True)
+                cells.append("—" if p.ci is None else f"x{p.ci[0]:.3f} [{p.ci[1]:.3f}, {p.ci[2]:.3f}] "
+                             f"(n={len(x.samples)} docs)")
+            runs = ", ".join(f"`{r.get('run_id')}`" for r in (a.rows[:1] + b.rows[:1]))
+            out.append(f"| {_md(e.label)} | {e.seed} → {s} | " + " | ".join(cells) + f" | {runs} |")
+    return out
+
+
 def study_model(rs: RowSet) -> str | None:
     """The model with the most configurations (the study's model)."""
     ms = rs.models()
@@ -563,7 +620,7 @@ def _md(s: str) -> str:
 
 def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, source: str = "results/runs/") -> str:
     model = model or study_model(rs) or DEFAULT_MODEL   # no rows: every finding "inconclusive (no rows: ...)"
-    fs, ev = evaluate(rs, model, paper)
+    fs, ev, per_seed = seeded(rs, model, paper)
     counts = {v: sum(f.result == v for f in fs) for v in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}
     c = None
     for e in ev.entries:
@@ -594,6 +651,21 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
                            [_md("not in the verdict: " + p.text()) for p in f.controls])
         v = f"**{f.result}**" + (f" ({_md(f.reason)})" if f.reason else "")
         out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.metric)} | {ours} | {_md(f.paper)} | {v} |")
+    if per_seed:
+        out += ["", "## Training seeds", "",
+                "Fine-tuned configurations with rows of several training seeds (`data.seed` and `train.seed`: the "
+                "mixture's sample and order and the training RNG; the evaluation prompts are the same). Each finding "
+                "was decided on every seed; a verdict that differs between seeds is reported as inconclusive above.",
+                "", "| finding | " + " | ".join([f"seed {_shown_seed(rs, model)} (shown)"]
+                                                   + [f"seed {s}" for s in per_seed]) + " |",
+                "|:--|" + ":--|" * (1 + len(per_seed))]
+        first, _ = evaluate(rs, model, paper)
+        for i, f in enumerate(first):
+            out.append(f"| ({f.key}) | {f.result} | " + " | ".join(v[i] for v in per_seed.values()) + " |")
+        out += ["", "Seed to seed, same configuration, same prompts / documents (other seed minus shown; a "
+                "difference only where the interval excludes 0 — passkey — or 1 — PPL ratio):", "",
+                "| configuration | seeds | passkey at C | passkey at 8C | PPL ratio at C | PPL ratio at 8C | runs |",
+                "|:--|:--|:--|:--|:--|:--|:--|"] + seed_differences(rs, model)
     out += ["", "## Not testable at this scale", ""]
     nt = []
     for src, name in (("niah", "NIAH"), ("ruler", "RULER"), ("passkey", "passkey")):

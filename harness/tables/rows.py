@@ -5,12 +5,18 @@ protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL e
 the entry of the same configuration. Only ``status == "ok"`` rows are used; failed and still-running rows are counted
 for a footnote. When several rows of one entry carry a value for the same cell, the newest (``time_end``, then
 ``time_start``, then ``run_id``) is used and the table says so in a footnote.
+
+Training seeds: rows of one configuration fine-tuned with different seeds (``data.seed`` / ``train.seed``: the
+sample and order of the training mixture and the training RNG; the evaluation prompts follow the global ``seed`` and
+stay the same) are one entry, but a cell never mixes seeds: a ``RowSet`` shows one seed per entry, the first in
+order (seed 0 in the study) unless ``seed=`` names another that the entry has. ``results/findings.md`` re-tests every
+finding on each other seed and reports the seed-to-seed differences; a footnote names the entries with several.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -91,6 +97,23 @@ def train_len(row: dict) -> int | None:
     return int(info["seq_len"]) if info.get("seq_len") else None
 
 
+def training_seed(row: dict) -> str | None:
+    """The seed of a fine-tuned row's training side: ``"1"`` when ``data.seed == train.seed == 1``, else
+    ``"data 1, train 0"``; None for a frozen row (no training: nothing to seed)."""
+    if is_frozen(row):
+        return None
+    cfg = row.get("config") or {}
+    d, t = (cfg.get("data") or {}).get("seed", 0), (cfg.get("train") or {}).get("seed", 0)  # 0: the config default
+    return str(t) if d == t else f"data {d}, train {t}"
+
+
+def _seed_order(s: str | None):
+    try:
+        return (0, int(s), "")
+    except (TypeError, ValueError):
+        return (1, 0, str(s))
+
+
 def is_frozen(row: dict) -> bool:
     t = row.get("train")
     if t in (None, "none"):
@@ -147,6 +170,8 @@ class Entry:
     rows: list = field(default_factory=list)   # ok rows, newest first
     label: str = ""
     suffix: str = ""                           # what tells it apart from other entries with the same label
+    seed: str | None = None                    # the training seed whose rows are in ``rows``
+    by_seed: dict = field(default_factory=dict)  # training seed -> its ok rows, newest first (every seed)
 
     @property
     def key(self):
@@ -172,6 +197,15 @@ class Entry:
     def method_params(self) -> dict:
         return json.loads(self.params)
 
+    @property
+    def seeds(self) -> list:
+        """The training seeds this configuration has rows for, in order (``[None]`` for a frozen entry)."""
+        return sorted(self.by_seed, key=_seed_order)
+
+    def with_seed(self, seed) -> Entry:
+        """The same entry showing the rows of ``seed``."""
+        return replace(self, rows=list(self.by_seed[seed]), seed=seed)
+
 
 @dataclass
 class Pick:
@@ -183,8 +217,8 @@ class Pick:
 
 
 class RowSet:
-    def __init__(self, rows: list[dict], spec: dict):
-        self.spec = spec
+    def __init__(self, rows: list[dict], spec: dict, seed: str | None = None):
+        self.spec, self.all_rows, self.seed = spec, rows, seed
         self.failed = [r for r in rows if r.get("status") == "failed"]
         unfinished = [r for r in rows if r.get("status") not in ("ok", "failed")]
         self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
@@ -204,6 +238,11 @@ class RowSet:
             partners = [g for g in groups.values() if g.key[:5] == k[:5] and g.protocol is not None]
             if len(partners) == 1:
                 partners[0].rows = sorted(partners[0].rows + groups.pop(k).rows, key=_sort_time, reverse=True)
+        for e in groups.values():  # one training seed per entry (module docstring)
+            for r in e.rows:
+                e.by_seed.setdefault(training_seed(r), []).append(r)
+            e.seed = seed if seed in e.by_seed else e.seeds[0]
+            e.rows = list(e.by_seed[e.seed])
         self.entries: list[Entry] = list(groups.values())
         self._label()
         self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
@@ -253,6 +292,15 @@ class RowSet:
     def models(self) -> list[str]:
         return sorted({e.model for e in self.entries})
 
+    def other_seeds(self, model: str | None = None) -> list[str]:
+        """Training seeds some entry (of ``model``) has beside the one shown."""
+        return sorted({s for e in self.entries if model is None or e.model == model for s in e.by_seed
+                       if s is not None and s != e.seed}, key=_seed_order)
+
+    def reseeded(self, seed: str) -> RowSet:
+        """The same rows showing training seed ``seed`` wherever an entry has it."""
+        return RowSet(self.all_rows, self.spec, seed)
+
     def for_model(self, model: str) -> list[Entry]:
         return [e for e in self.entries if e.model == model]
 
@@ -293,6 +341,11 @@ class RowSet:
 
     def footnotes(self, model: str | None = None) -> list[str]:
         notes = []
+        multi = [e for e in self.entries if (model is None or e.model == model) and len(e.by_seed) > 1]
+        if multi:
+            notes.append("Fine-tuned with several training seeds (cells show one, never a mix; results/findings.md "
+                         "re-tests each finding on every seed): " + "; ".join(
+                             f"{e.label} seeds {', '.join(map(str, e.seeds))}, shown: {e.seed}" for e in multi) + ".")
         for (m, label), n in sorted(self.dup_notes.items()):
             if model is None or m == model:
                 notes.append(f"{label}: {n['rows']} rows match (model, method, train, data, eval protocol); the newest "

@@ -421,3 +421,32 @@ def test_versus_base_line_pairs_the_same_windows(tmp_path):
     # every window is 0.1 nats worse: the paired ratio is exp(0.1) with a degenerate interval around it
     assert "(x1.11 [1.11, 1.11])" in line
     assert report.versus_base(base, tmp_path) is None  # the base row itself has nothing to compare with
+
+
+def test_cost_table_lists_every_run_with_its_stages(tmp_path):
+    """``cost_<model>``: every run of the model (each training seed, the rows left out by the gate) with its training
+    and per-evaluator wall seconds as recorded, and the sums in a footnote."""
+    from harness.tables.build import cost_table
+
+    base = make_row(tmp_path, "k0-base", "base", train="none", suites=("ppl", "passkey"),
+                    t_end="2026-01-01T00:00:00")
+    base.update(time_start="2025-12-31T23:58:20", timings={"eval.ppl_books": 40.0, "eval.passkey": 60.0},
+                hardware={"torch_threads": 1})
+    ft = [make_row(tmp_path, f"k{s + 1}-yarn", "yarn", suites=("ppl", "passkey")) for s in (0, 1)]
+    for s, r in enumerate(ft):
+        r["config"]["train"]["seed"] = r["config"].setdefault("data", {})["seed"] = s
+        r.update(time_start="2025-12-31T23:50:00", timings={"eval.ppl_books": 30.0, "eval.passkey": 50.0})
+        r["train_info"].update(train_seconds=500.0, steps=512, tokens_per_second=4000.0)
+    bad = make_row(tmp_path, "k3-pi", "pi", suites=("ppl", "passkey"))
+    bad["train_info"].update(convergence={"converged": False}, train_seconds=400.0, steps=512)
+    bad["timings"] = {"eval.passkey": 10.0}
+    t = cost_table(RowSet([base, *ft, bad], load_spec()), Paper(), "tiny_llama")
+    assert t.header[:8] == ["Method", "Training", "suite", "seed", "threads", "steps", "train s", "train tok/s"]
+    assert t.header[-2:] == ["eval s", "run s"] and "ppl_books s" in t.header and "passkey s" in t.header
+    cells = {(r[0], r[t.header.index("seed")].text): r for r in t.rows}
+    assert set(cells) == {("tiny_llama", DASH), ("YaRN", "0"), ("YaRN", "1"), ("pi (gate failed)", "0")}
+    b = cells[("tiny_llama", DASH)]
+    assert b[t.header.index("eval s")].text == "100" and b[t.header.index("run s")].text == "100"
+    y = cells[("YaRN", "1")]
+    assert y[t.header.index("train s")].text == "500" and y[t.header.index("run s")].text == "600"
+    assert "fine-tuning 0.39 h" in t.footnotes[-1] and "evaluation 0.07 h" in t.footnotes[-1]

@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import math
 import sys
+from datetime import datetime
 
 from harness.tables import bootstrap as bs
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
-from harness.tables.render import Cell, Table
-from harness.tables.rows import Entry, RowSet, at_factor, factors, kfmt, native_ctx, num
+from harness.tables.render import DASH, Cell, Table
+from harness.tables.rows import (
+    Entry,
+    RowSet,
+    at_factor,
+    factors,
+    kfmt,
+    method_key,
+    native_ctx,
+    num,
+    train_len,
+    training_seed,
+)
 
 CHECK = "\u2713"
 
@@ -639,6 +651,65 @@ def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     return t
 
 
+# -- what the study cost: wall seconds each run recorded, by stage -------------------------------------------------
+def _seconds(row: dict) -> float | None:
+    try:
+        return (datetime.fromisoformat(str(row["time_end"])) - datetime.fromisoformat(str(row["time_start"]))
+                ).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    """One row per configuration shown in the tables: the wall seconds its run recorded for fine-tuning (with steps
+    and tokens/s) and for each evaluator, and the run's whole wall time, so a reader sees what the study cost and what
+    dominates. Measured by each run under its own conditions (threads, other processes on the machine): a record,
+    not a controlled benchmark (``make bench``, ``suite_cost``, is that)."""
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    rows = [(e.label, _training(e), r) for e in ents for seed in e.seeds for r in e.by_seed[seed]]
+    rows += [(f"{method_key(r)} (gate failed)", f"fine-tuned at {train_len(r) / native_ctx(r):g}C"
+              if train_len(r) and native_ctx(r) else "fine-tuned", r)
+             for r in rs.unconverged if r.get("model") == model]
+    rows = [x for x in rows if isinstance(x[2].get("timings"), dict) and x[2]["timings"]]
+    if not rows:
+        return None
+    evs = list(dict.fromkeys(k for _, _, r in rows for k in r["timings"]))
+    t = Table(f"cost_{model}", f"What the study cost: wall seconds per run and stage ({model})",
+              ["Method", "Training", "suite", "seed", "threads", "steps", "train s", "train tok/s"]
+              + [k.removeprefix("eval.") + " s" for k in evs] + ["eval s", "run s"], label_cols=2,
+              notes=["Wall seconds each run recorded (``train_info``, ``timings``, its start and end), under its own "
+                     "conditions: torch threads as shown, and whatever else shared the machine's cores (other study "
+                     "processes), so equal work can differ by 2-3x between rows. Not a "
+                     "benchmark: `make bench` (`suite_cost`) measures the suite on an otherwise idle machine."])
+    tot_train = tot_eval = tot_run = 0.0
+    for label, tr, r in rows:
+        ti = r.get("train_info") if isinstance(r.get("train_info"), dict) else {}
+        tm = r["timings"]
+        ev_s = sum(float(v) for v in tm.values() if isinstance(v, (int, float)))
+        run_s = _seconds(r)
+        tr_s = ti.get("train_seconds")
+        tot_train += float(tr_s or 0)
+        tot_eval += ev_s
+        tot_run += float(run_s or 0)
+        txt = [str(r.get("eval") or DASH), str(training_seed(r) or DASH),
+               str((r.get("hardware") or {}).get("torch_threads", DASH)), str(ti.get("steps", DASH)),
+               f"{tr_s:.0f}" if isinstance(tr_s, (int, float)) else DASH,
+               f"{ti['tokens_per_second']:.0f}" if isinstance(ti.get("tokens_per_second"), (int, float)) else DASH]
+        txt += [f"{tm[k]:.0f}" if isinstance(tm.get(k), (int, float)) else DASH for k in evs]
+        txt += [f"{ev_s:.0f}", f"{run_s:.0f}" if run_s is not None else DASH]
+        t.add([label, tr], [Cell(text=x) for x in txt])
+    t.footnotes.append(f"Sum over the {len(rows)} runs shown: fine-tuning {tot_train / 3600:.2f} h, evaluation "
+                       f"{tot_eval / 3600:.2f} h, whole runs {tot_run / 3600:.2f} h of process wall time (runs that "
+                       "overlapped count in full: the study's own wall time is what `make study` prints).")
+    t.legend = rs.legend(ents)
+    return t
+
+
+def _training(e: Entry) -> str:
+    return "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
+                                      e.native_ctx else "fine-tuned")
+
+
 BUILDERS = (table1, ppl_table, ruler_table, longbench_table, table9, entropy_abf_table, longrope_short_table)
 
 
@@ -647,7 +718,7 @@ def build_tables(rs: RowSet, paper: Paper, errors: list | None = None) -> list[T
     ``errors``) and skipped, so one malformed row never blocks the other tables."""
     out = []
     for model in rs.models():
-        for b in BUILDERS + (ruler_subtask_tables, summary_tables, extended_table):
+        for b in BUILDERS + (ruler_subtask_tables, summary_tables, extended_table, cost_table):
             try:
                 t = b(rs, paper, model)
             except Exception as ex:  # noqa: BLE001 - reported, not hidden

@@ -124,7 +124,7 @@ def _valid_keys(parent: str, overrides: list[str]) -> tuple[list[str], list[str]
         elif parent == "model":
             from harness.models import MODELS
 
-            schema = MODELS.get(str(node.get("name"))).Args
+            schema = MODELS.get(str(node.get("builder") or node.get("name"))).Args
     except Exception:  # noqa: BLE001
         schema = None
     extra = sorted(f.name for f in dataclasses.fields(schema) if f.name not in keys) if schema else []

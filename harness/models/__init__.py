@@ -1,4 +1,5 @@
-"""Models: one file + one YAML each, registered by short name (``model=tiny_llama``).
+"""Models: one file + one YAML each, registered by short name (``model=tiny_llama``); a model that is only data (a
+hub checkpoint: LLaMA2-7B, Phi-2) is one YAML naming the generic builder (``builder: hub``, ``harness/models/hub.py``).
 
 A model builder returns a ``ModelHandle``: the transformers model, its tokenizer and the facts the methods and
 evaluators need (native context window, rotary dimension). Loading is offline by construction: local directories,
@@ -32,6 +33,7 @@ class ModelArgs:
     dtype: str = "float32"  # weights dtype; compute uses autocast from the train/eval configs
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU only; falls back to sdpa)
     gguf_file: str = ""
+    builder: str = ""  # the registered builder when it is not ``name`` (``hub``: a model that is only data)
 
 
 @dataclass
@@ -137,8 +139,10 @@ def build_model(cfg) -> ModelHandle:
     name = (cfg or {}).get("name") if not hasattr(cfg, "name") else cfg.name
     if not name:
         raise ConfigError("model config has no name")
-    builder, args = MODELS.args(cfg, f"model={name}", name=name)
-    return builder.build(args)
+    builder = (cfg or {}).get("builder") if not hasattr(cfg, "builder") else cfg.builder
+    cls, args = MODELS.args(cfg, f"model={name}", name=builder or name)
+    args.name = name
+    return cls.build(args)
 
 
 def load_model(name: str, **overrides) -> ModelHandle:

@@ -1,6 +1,6 @@
 """One results row per run: a JSON file under ``results/runs/``, written atomically (temp file + rename).
 
-Row schema (``ROW_FIELDS``, version ``SCHEMA_VERSION``):
+Row schema (the ``Row`` TypedDict, a comment per key; ``ROW_FIELDS``; version ``SCHEMA_VERSION``):
 
 - ``run_id``: unique id (UTC time + random suffix); also the file name, so two runs never overwrite each other.
 - ``status``: ``running`` | ``ok`` | ``failed``; ``error``: one line when failed.
@@ -36,13 +36,45 @@ import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import TypedDict
 
 SCHEMA_VERSION = 1
-ROW_FIELDS = (
-    "schema", "run_id", "status", "error", "time_start", "time_end", "model", "method", "data", "train", "eval",
-    "method_params", "train_info", "metrics", "eval_versions", "timings", "config", "config_hash", "git_sha",
-    "command", "versions", "hardware", "run_dir", "host", "pid", "heartbeat", "heartbeat_every_s",
-)
+
+
+class Row(TypedDict, total=False):
+    """The results row (schema ``SCHEMA_VERSION``): one JSON object per run, keys in this order."""
+
+    schema: int                    # SCHEMA_VERSION of the writer
+    run_id: str                    # UTC time + random suffix; also the file name (results/runs/<run_id>.json)
+    status: str                    # running | ok | failed
+    error: str | None              # one line when failed
+    time_start: str                # ISO, UTC
+    time_end: str | None           # ISO, UTC; None while running
+    model: str                     # the option chosen in each config group, a stable short name (tables' columns)
+    method: str                    # ... the method (pi, yarn, ntk_dynamic, ...)
+    data: str                      # ... the training data
+    train: str                     # ... the recipe; "none" for a frozen run
+    eval: str                      # ... the suite
+    method_params: dict            # the method's parameters as applied (lengths resolved)
+    train_info: dict | None        # what fine-tuning did (steps, tokens, schedule, EMA, the convergence gate); None
+    metrics: dict                  # {suite entry: evaluator output}, e.g. metrics["passkey"]["accuracy"]["1024"]
+    eval_versions: dict            # {suite entry: the evaluator's ``version``}: a scoring change shows in the data
+    timings: dict                  # seconds per phase ("train") and per evaluator ("eval.<entry>")
+    config: dict                   # the resolved Hydra config
+    config_hash: str               # sha256 of ``config`` (16 hex): `make study` skips a point with an ok row of it
+    git_sha: str | None            # the code's commit
+    command: str                   # the command line
+    versions: dict                 # package versions (PACKAGES)
+    hardware: dict                 # platform, cpu_count, torch threads, CUDA devices
+    run_dir: str                   # the run's directory: run.json, run.log, samples/, checkpoint/
+    host: str                      # where the writing process runs ...
+    pid: int                       # ... and its pid: with ``heartbeat``, how ``liveness`` tells a killed run
+    heartbeat: str | None          # ISO, UTC; rewritten every ``heartbeat_every_s`` while the run lives
+    heartbeat_every_s: float | None  # the heartbeat period the writer promised
+    shards: dict                   # sharded evaluation only: {shard: ok | failed | missing}
+
+
+ROW_FIELDS = tuple(k for k in Row.__annotations__ if k != "shards")  # the keys every row has (shards: sharded only)
 PACKAGES = ("torch", "transformers", "peft", "deepspeed", "datasets", "hydra-core", "lm_eval", "tokenizers")
 
 
@@ -140,7 +172,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 GROUPS = ("model", "method", "data", "train", "eval")  # the config groups a row names (its columns in the tables)
 
 
-def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> dict:
+def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> Row:
     """The one constructor of a ``running`` row: ``names`` None = each group's ``name`` in ``cfg`` (``GROUPS``)."""
     if names is None:
         names = {g: (cfg.get(g) or {}).get("name") for g in GROUPS}

@@ -146,3 +146,22 @@ def test_cfg_job_composes_for_cluster_model(tmp_path):
     r = _run(["method=pi", "model=llama2_7b", "--cfg", "job"], _env(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "meta-llama/Llama-2-7b-hf" in r.stdout and "native_ctx: 4096" in r.stdout
+
+
+def test_row_schema_is_typed_and_every_key_is_documented(tmp_path):
+    """``results.Row`` lists every key a row may carry with a comment each; ``new_row`` writes exactly
+    ``ROW_FIELDS`` in that order; every committed row uses only those keys."""
+    import inspect
+    import json
+
+    from harness import results
+
+    src = inspect.getsource(results.Row).splitlines()
+    for k in results.Row.__annotations__:
+        (line,) = [ln for ln in src if ln.strip().startswith(f"{k}:")]
+        assert "#" in line, f"row key {k!r} has no comment"
+    row = results.new_row("x", {"model": {"name": "m"}}, None, tmp_path)
+    assert tuple(row) == results.ROW_FIELDS and row["model"] == "m" and row["schema"] == results.SCHEMA_VERSION
+    for f in sorted((ROOT / "results" / "runs").glob("*.json")):
+        extra = set(json.loads(f.read_text())) - set(results.Row.__annotations__)
+        assert not extra, f"{f.name}: keys outside results.Row: {sorted(extra)}"

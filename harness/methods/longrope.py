@@ -46,10 +46,22 @@ DEFAULT_FILE = ASSETS / "tiny_llama_512_4096.json"
 REQUIRED_KEYS = ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings")
 
 
+def resolve_factors(path: str | Path) -> Path:
+    """The factors file: ``""`` = ``DEFAULT_FILE``; a bare name that is not a file here but is one of the shipped
+    files in ``harness/assets/longrope/`` (e.g. the study's searched ``tiny_llama_512_4096_searched.json``) = that
+    file, so a config names shipped factors the same way from any working directory."""
+    if not path:
+        return DEFAULT_FILE
+    p = Path(path)
+    if not p.is_file() and not p.is_absolute() and len(p.parts) == 1 and (ASSETS / p).is_file():
+        return ASSETS / p
+    return p
+
+
 def load_factors(path: str | Path, rotary_half: int | None, native_ctx: int | None = None) -> dict:
     """Read and check a LongRoPE factors file (format in the module docstring). ``rotary_half`` None: the factor
     counts are not checked (before the model is loaded)."""
-    p = Path(path) if path else DEFAULT_FILE
+    p = resolve_factors(path)
     if not p.is_file():
         raise ConfigError(f"LongRoPE factors file not found: {p} "
                           f"(method.factors: a JSON file, \"\" = {DEFAULT_FILE.name})")
@@ -81,7 +93,7 @@ def factors_digest(path: str | Path) -> str:
     """sha256 of the factors file, saved with the method's parameters so a checkpoint is tied to its factors."""
     import hashlib
 
-    p = Path(path) if path else DEFAULT_FILE
+    p = resolve_factors(path)
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else ""
 
 
@@ -95,7 +107,7 @@ def progressive_lineage(saved: dict, now: dict, factors: str, directory) -> bool
     if saved.get("name") != now.get("name") or not diff <= {"factors", "factors_sha256"} or not factors:
         return False
     try:
-        prov = json.loads(Path(factors).read_text()).get("provenance") or {}
+        prov = json.loads(resolve_factors(factors).read_text()).get("provenance") or {}
     except (OSError, ValueError):
         return False
     src = prov.get("model_path") or ""
@@ -160,7 +172,7 @@ class LongRoPE(Method):
     @dataclass
     class Args(MethodArgs):
         name: str = "longrope"
-        factors: str = ""  # path of a factors file; "" = the shipped tiny_llama 256 -> 2048 default
+        factors: str = ""  # a factors file (a bare name: one shipped in harness/assets/longrope/); "" = DEFAULT_FILE
         switch: bool = True  # short factors for length <= C, long beyond (Phi-3 / transformers); false = long always
         n_hat: int = -1  # start tokens kept un-interpolated; -1 = the file's value (0 if absent)
         attention_factor: float = 0.0  # 0 = the file's value, else su: sqrt(1 + ln s / ln C)

@@ -23,14 +23,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["base", "self_extend", "lm_infinite", "landmark", "longlora"]
 
 CHILD = r"""
-import gc, json, os, resource, sys, threading, time, ctypes
-sys.path.insert(0, {root!r})
+import gc, json, os, resource, threading, time, ctypes
 import torch
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
 from harness.conf_utils import group_defaults
@@ -98,7 +95,7 @@ print(json.dumps({{"method": name, "length": L, "source": source, "seconds": rou
 
 
 def measure(name: str, mult: int = 16) -> dict:
-    code = CHILD.format(root=str(ROOT), name=name, mult=mult)
+    code = CHILD.format(name=name, mult=mult)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=3600)
     if p.returncode != 0:
@@ -108,7 +105,6 @@ def measure(name: str, mult: int = 16) -> dict:
 
 BACKENDS_CHILD = r"""
 import json, os, statistics, sys, time, warnings
-sys.path.insert(0, {root!r})
 warnings.simplefilter("ignore")
 import torch
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -170,7 +166,7 @@ print(json.dumps(out))
 
 def backends() -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([sys.executable, "-c", BACKENDS_CHILD.format(root=str(ROOT))], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", BACKENDS_CHILD.format()], capture_output=True, text=True,
                        env=env, timeout=7200)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}

@@ -140,8 +140,7 @@ def ppl_vs_forward(handle, lengths, repeats: int, protocols=("yarn", "longlora")
 
 
 RSS_CHILD = r"""
-import json, os, resource, sys, tempfile, time
-sys.path.insert(0, {root!r})
+import json, os, resource, tempfile, time
 import torch
 torch.set_num_threads({threads})
 from pathlib import Path
@@ -189,7 +188,7 @@ def smollm2_rss(tok, length: int = 16384) -> dict:
     with tempfile.TemporaryDirectory() as d:
         doc = Path(d) / "doc.txt"
         doc.write_text(_doc_text(tok, length + 64))
-        code = RSS_CHILD.format(root=str(ROOT), threads=_threads(), length=length, doc=str(doc))
+        code = RSS_CHILD.format(threads=_threads(), length=length, doc=str(doc))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]

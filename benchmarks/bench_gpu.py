@@ -47,10 +47,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness.methods import _flex as fx
 
-from harness.methods import _flex as fx  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # dense bf16 tensor-core peak FLOP/s (vendor data sheets), matched by substring of torch.cuda.get_device_name()
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("A800", 312e12),

@@ -65,8 +65,5 @@ def run() -> dict:
 
 if __name__ == "__main__":
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     print(json.dumps(run(), indent=1))

@@ -23,7 +23,6 @@ like).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +31,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 SEQ, ACC = 512, 2  # training length, gradient accumulation (micro batch 1)
 WARMUP, STEPS, REPEATS = 2, 10, 4  # per run: untimed + timed optimizer steps of each loop; runs (alternating order)

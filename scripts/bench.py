@@ -14,10 +14,9 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness.results import atomic_write_json, hardware, now_iso, versions
 
-from harness.results import atomic_write_json, hardware, now_iso, versions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str]) -> int:

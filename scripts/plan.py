@@ -16,13 +16,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from harness import plan, sweeps
+from harness.results import atomic_write_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from harness import plan, sweeps  # noqa: E402
-from harness.results import atomic_write_json  # noqa: E402
 
 
 def build(overrides: list[str], args: plan.PlanArgs) -> dict:

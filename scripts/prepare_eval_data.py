@@ -29,11 +29,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness.evals._longbench_metrics import TASKS
+from harness.evals.manyshot_trec import SHOTS
 
-from harness.evals._longbench_metrics import TASKS  # noqa: E402
-from harness.evals.manyshot_trec import SHOTS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_jsonl(path: Path, rows) -> int:

@@ -33,13 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness.data import sources
+from harness.data.synthetic import FillerFactory, synthetic_document
+from harness.evals.common import autocast
+from harness.models.tiny_llama import ASSET_DIR, SPECIAL_TOKENS, tiny_config
 
-from harness.data import sources  # noqa: E402
-from harness.data.synthetic import FillerFactory, synthetic_document  # noqa: E402
-from harness.evals.common import autocast  # noqa: E402
-from harness.models.tiny_llama import ASSET_DIR, SPECIAL_TOKENS, tiny_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_tokenizer(texts, vocab_size: int, out: Path):

@@ -19,12 +19,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from harness import sweeps
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from harness import sweeps  # noqa: E402
 
 
 def _time(minutes: int) -> str:

@@ -23,14 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from harness import conf_utils, pipeline, results  # noqa: F401  (conf_utils registers the resolvers)
+from harness.config import to_args
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from harness import conf_utils, pipeline, results  # noqa: E402,F401  (conf_utils registers the resolvers)
-from harness.config import to_args  # noqa: E402
 
 
 def default_out(cfg) -> Path:

@@ -14,6 +14,7 @@ estimate of the time left are printed after every point, the total wall time at 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,7 +22,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+
+def _script_main(name: str):
+    """``main`` of scripts/<name>.py, loaded by file path (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
 
 
 def hms(s: float) -> str:
@@ -88,9 +96,7 @@ def main(argv=None) -> int:
         print(f"== [{k}/{len(todo)}] {j['label']}: {status} in {hms(dt)}; elapsed {hms(time.time() - t0)}, "
               f"about {hms(left)} left", flush=True)
     if not a.no_report:
-        from scripts.make_findings import main as findings
-        from scripts.make_tables import main as tables
-
+        findings, tables = _script_main("make_findings"), _script_main("make_tables")
         print("\n== make tables", flush=True)
         tables(["--results", results_dir] + (["--no-figures"] if a.no_figures else []))
         print("== make findings", flush=True)

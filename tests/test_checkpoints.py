@@ -126,11 +126,10 @@ def test_publish_prunes_dead_writers_and_keeps_live_ones(tmp_path):
 
 
 CONCURRENT = textwrap.dedent("""
-    import hashlib, sys, torch, numpy as np
-    sys.path.insert(0, {tests!r}); sys.path.insert(0, {root!r})
+    import hashlib, torch, numpy as np
     torch.set_num_threads(1)
     from pathlib import Path
-    from conftest import random_llama
+    from tests.conftest import random_llama
     from harness.methods import Method, MethodArgs
     from harness.models import ModelHandle
     from harness.train import TrainArgs
@@ -151,15 +150,14 @@ def test_concurrent_runs_of_one_config_do_not_corrupt_each_other(tmp_path):
     step): all three finish with the weights of a run alone."""
     np.save(tmp_path / "chunks.npy", _chunks())
     args = {**KW, "save_every": 1, "tokens": 32 * 4 * 8}
-    code = CONCURRENT.format(tests=str(ROOT / "tests"), root=str(ROOT), args=args, chunks=str(tmp_path / "chunks.npy"),
-                             ckpt=str(tmp_path / "shared"))
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    code = CONCURRENT.format(args=args, chunks=str(tmp_path / "chunks.npy"), ckpt=str(tmp_path / "shared"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT) for _ in range(3)]
     outs = [p.communicate(timeout=900) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1500:] for o in outs]
     digests = {[ln for ln in o[0].splitlines() if ln.startswith("RESULT")][0].split()[1] for o in outs}
     alone = subprocess.run([sys.executable, "-c", code.replace(str(tmp_path / "shared"), str(tmp_path / "alone"))],
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert alone.returncode == 0, alone.stderr[-1500:]
     assert digests == {[ln for ln in alone.stdout.splitlines() if ln.startswith("RESULT")][0].split()[1]}
 

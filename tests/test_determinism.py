@@ -12,8 +12,7 @@ from pathlib import Path
 from conftest import ROOT, random_llama
 
 DATA_CHILD = textwrap.dedent("""
-    import hashlib, json, random, sys
-    sys.path.insert(0, {root!r})
+    import hashlib, json, random
     from transformers import AutoTokenizer
     from harness.data import build_data
     from harness.data.synthetic import KINDS, FillerFactory, synthetic_document
@@ -48,15 +47,14 @@ def test_data_identical_across_hash_seeds_and_cache_paths(tmp_path):
     """Every synthetic kind and the packed token stream (cold cache each time) are identical under two
     PYTHONHASHSEEDs and two cache directories, and the cache file name does not depend on the cache's path."""
     tok = str(ROOT / "harness" / "assets" / "tiny_llama")
-    a = _child(DATA_CHILD.format(root=str(ROOT), tok=tok, cache=str(tmp_path / "cache_a")), "1")
-    b = _child(DATA_CHILD.format(root=str(ROOT), tok=tok, cache=str(tmp_path / "elsewhere" / "cache_b")), "2")
+    a = _child(DATA_CHILD.format(tok=tok, cache=str(tmp_path / "cache_a")), "1")
+    b = _child(DATA_CHILD.format(tok=tok, cache=str(tmp_path / "elsewhere" / "cache_b")), "2")
     assert a == b
     assert len(a["cache_files"]) == 1
 
 
 TRAIN_CHILD = textwrap.dedent("""
-    import hashlib, json, sys
-    sys.path.insert(0, {root!r})
+    import hashlib, json
     import torch
     torch.set_num_threads(1)
     from harness import conf_utils, pipeline
@@ -93,7 +91,7 @@ def test_two_cold_cache_finetunes_give_identical_weights(tmp_path):
     for i, seed in enumerate(("11", "12")):
         env = {"HARNESS_CACHE_DIR": str(tmp_path / f"cache{i}"), "HARNESS_CKPT_DIR": str(tmp_path / f"ck{i}"),
                "HARNESS_OUTPUT_DIR": str(tmp_path / f"out{i}"), "HARNESS_RESULTS_DIR": str(tmp_path / f"res{i}")}
-        code = TRAIN_CHILD.format(root=str(ROOT), model=str(tmp_path / "model"), run=str(tmp_path / f"run{i}"))
+        code = TRAIN_CHILD.format(model=str(tmp_path / "model"), run=str(tmp_path / f"run{i}"))
         out.append(_child(code, seed, env))
     assert out[0]["losses"] == out[1]["losses"]
     assert out[0]["weights"] == out[1]["weights"]

@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import stats
+from harness.tables import findings as fd
+from harness.tables.rows import RowSet, load_spec
 
-from harness import stats  # noqa: E402
-from harness.tables import findings as fd  # noqa: E402
-from harness.tables.rows import RowSet, load_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 C = 256
 FACTORS = (1, 2, 4, 8, 16)

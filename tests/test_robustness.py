@@ -252,9 +252,8 @@ def test_rows_and_run_files_readable_by_teammates(tmp_path):
     """Rows and atomically written files get the umask's mode (0644 under 022, 0640 under 027), never mkstemp's
     0600; checkpoint directories are listable (0755 under 022)."""
     code = textwrap.dedent(f"""
-        import os, sys
+        import os
         os.umask(0o027)
-        sys.path.insert(0, {str(ROOT)!r})
         from harness import results
         from harness.train.checkpoint import Store
         results.write_row({str(tmp_path / "r27")!r}, {{"run_id": "x", "status": "ok"}})

@@ -4,6 +4,7 @@ stand-in ``sbatch``) and the plain sbatch template carry the configured resource
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import pickle
@@ -178,8 +179,9 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
 
 
 def test_plain_sbatch_template(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import render_sbatch
+    spec = importlib.util.spec_from_file_location("render_sbatch", ROOT / "scripts" / "render_sbatch.py")
+    render_sbatch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_sbatch)
 
     out = tmp_path / "paper_llama2.sbatch"
     render_sbatch.main(["experiment=paper_llama2", f"hydra.searchpath=[file://{_site_conf(tmp_path)}]",

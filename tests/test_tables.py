@@ -14,14 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness.tables import build_all
+from harness.tables.bootstrap import bootstrap_ci
+from harness.tables.paper import Paper
+from harness.tables.render import DASH, Cell
+from harness.tables.rows import RowSet, kfmt, load_spec, method_key
 
-from harness.tables import build_all  # noqa: E402
-from harness.tables.bootstrap import bootstrap_ci  # noqa: E402
-from harness.tables.paper import Paper  # noqa: E402
-from harness.tables.render import DASH, Cell  # noqa: E402
-from harness.tables.rows import RowSet, kfmt, load_spec, method_key  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 C = 256
 LENGTHS = [128, 256, 512, 1024, 2048, 4096]

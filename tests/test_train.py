@@ -133,10 +133,9 @@ def test_single_engine_does_not_resume_other_config(tmp_path):
 
 
 CHILD = textwrap.dedent("""
-    import sys, time, torch, numpy as np
-    sys.path.insert(0, {tests!r}); sys.path.insert(0, {root!r})
+    import time, torch, numpy as np
     torch.set_num_threads({threads})
-    from conftest import random_llama
+    from tests.conftest import random_llama
     from harness.methods import Method, MethodArgs
     from harness.models import ModelHandle
     from harness.train import TrainArgs
@@ -157,9 +156,8 @@ def test_sigkill_mid_run_resumes_to_identical_weights(tmp_path):
     kw = dict(name="t", enabled=True, seq_len=32, tokens=32 * 4 * 24, global_batch=4, micro_batch=1, lr=3e-3,
               warmup_steps=2, ema=True, ema_decay=0.5, save_every=2, seed=0, grad_clip=1.0)
     ckpt = tmp_path / "ck"
-    code = CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), threads=torch.get_num_threads(), args=kw,
-                        chunks=str(tmp_path / "chunks.npy"), ckpt=str(ckpt))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    code = CHILD.format(threads=torch.get_num_threads(), args=kw, chunks=str(tmp_path / "chunks.npy"), ckpt=str(ckpt))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     deadline = time.time() + 900  # a bound on a hang, not a speed check: under CPU contention (load ~9 on 2
     # cores) the child did not reach its step-2 checkpoint within 240 s here
     while not (ckpt / "step_2" / "meta.json").exists():
@@ -257,7 +255,6 @@ def test_zero3_two_ranks_matches_single_engine_and_loads(tmp_path):
 
 DS_PARENT = textwrap.dedent("""
     import sys
-    sys.path.insert(0, {root!r})
     from pathlib import Path
     from harness.train import deepspeed_engine as de
     spec = de.write_spec({cfg!r}, Path({ckpt!r}), "fp", Path({job!r}))
@@ -293,7 +290,7 @@ def test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact(tm
     handle = build_model(cfg.model)
     build_data(cfg.data, handle.tokenizer, a.seq_len, a.tokens)  # the ranks reuse this cache
     ckpt = tmp_path / "ckpt"
-    code = DS_PARENT.format(root=str(ROOT), cfg=plain, ckpt=str(ckpt), job=str(tmp_path / "job"))
+    code = DS_PARENT.format(cfg=plain, ckpt=str(ckpt), job=str(tmp_path / "job"))
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     deadline = time.time() + 600  # a bound on a hang, not a speed check

@@ -203,3 +203,23 @@ def test_evaluator_version_defaults_to_one():
         version = 3
 
     assert eval_version(Bumped()) == 3
+
+
+def test_every_registered_component_meets_its_registry_contract():
+    """One contract per registry: methods inherit the one small base (``methods.Method``); models, dataset
+    builders and evaluators satisfy their ``Protocol`` (``ModelBuilder``, ``DataBuilder``, ``Evaluator``), with an
+    ``Args`` dataclass derived from the registry's shared fields."""
+    import dataclasses
+
+    from harness.data import DATA, DataArgs, DataBuilder
+    from harness.evals import EVALS, EvalArgs, Evaluator
+    from harness.methods import METHODS, Method, MethodArgs
+    from harness.models import MODELS, ModelArgs, ModelBuilder
+
+    for reg, base_args, check in ((MODELS, ModelArgs, lambda c: isinstance(c, ModelBuilder)),
+                                  (DATA, DataArgs, lambda c: isinstance(c, DataBuilder)),
+                                  (EVALS, EvalArgs, lambda c: isinstance(c(c.Args()), Evaluator)),
+                                  (METHODS, MethodArgs, lambda c: issubclass(c, Method))):
+        for name, cls in reg.items():
+            assert dataclasses.is_dataclass(cls.Args) and issubclass(cls.Args, base_args), (reg.kind, name)
+            assert check(cls), f"{reg.kind} {name!r} does not meet its registry's contract"

@@ -12,6 +12,7 @@ import os
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,6 +27,17 @@ class DataArgs:
     name: str = ""
     cache_dir: str = ".cache/data"
     seed: int = 0
+
+
+@runtime_checkable
+class DataBuilder(Protocol):
+    """The contract of a registered dataset builder: an ``Args`` dataclass (``DataArgs`` or a subclass) and a static
+    ``build(args, tokenizer, seq_len, n_tokens) -> [n_chunks, seq_len]`` token array (``build_data`` calls it)."""
+
+    Args: ClassVar[type]
+
+    @staticmethod
+    def build(a: Any, tokenizer: Any, seq_len: int, n_tokens: int) -> np.ndarray: ...
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

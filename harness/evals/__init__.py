@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from harness.config import ConfigError
 from harness.registry import Registry
@@ -46,6 +47,19 @@ class EvalContext:
         p = Path(self.run_dir) / "samples" / f"{evaluator}.jsonl"
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """The contract of a registered evaluator: an ``Args`` dataclass (``EvalArgs`` or a subclass), built as
+    ``cls(args)`` (``Registry.build``), and ``run(handle, method, ctx) -> dict`` of JSON-able metrics. Optional hooks,
+    called when present: ``check(native_ctx, where)``, ``check_data(where)``, ``max_length()``; a class attribute
+    ``version`` (1 when absent)."""
+
+    Args: ClassVar[type]
+    args: Any
+
+    def run(self, handle: Any, method: Any, ctx: EvalContext) -> dict: ...
 
 
 def build_evaluators(suite_cfg) -> list:

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -47,6 +47,17 @@ class ModelHandle:
     @property
     def config(self):
         return self.model.config
+
+
+@runtime_checkable
+class ModelBuilder(Protocol):
+    """The contract of a registered model: an ``Args`` dataclass (``ModelArgs`` or a subclass, validated against the
+    YAML) and a static ``build(args) -> ModelHandle``."""
+
+    Args: ClassVar[type]
+
+    @staticmethod
+    def build(a: Any) -> ModelHandle: ...
 
 
 def resolve_attn_implementation(requested: str) -> str:

@@ -441,7 +441,7 @@ def test_cost_table_lists_every_run_with_its_stages(tmp_path):
     bad["timings"] = {"eval.passkey": 10.0}
     t = cost_table(RowSet([base, *ft, bad], load_spec()), Paper(), "tiny_llama")
     assert t.header[:8] == ["Method", "Training", "suite", "seed", "threads", "steps", "train s", "train tok/s"]
-    assert t.header[-2:] == ["eval s", "run s"] and "ppl_books s" in t.header and "passkey s" in t.header
+    assert t.header[-3:] == ["eval s", "run s", "code"] and "ppl_books s" in t.header and "passkey s" in t.header
     cells = {(r[0], r[t.header.index("seed")].text): r for r in t.rows}
     assert set(cells) == {("tiny_llama", DASH), ("YaRN", "0"), ("YaRN", "1"), ("pi (gate failed)", "0")}
     b = cells[("tiny_llama", DASH)]

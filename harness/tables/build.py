@@ -676,10 +676,11 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     evs = list(dict.fromkeys(k for _, _, r in rows for k in r["timings"]))
     t = Table(f"cost_{model}", f"What the study cost: wall seconds per run and stage ({model})",
               ["Method", "Training", "suite", "seed", "threads", "steps", "train s", "train tok/s"]
-              + [k.removeprefix("eval.") + " s" for k in evs] + ["eval s", "run s"], label_cols=2,
+              + [k.removeprefix("eval.") + " s" for k in evs] + ["eval s", "run s", "code"], label_cols=2,
               notes=["Wall seconds each run recorded (``train_info``, ``timings``, its start and end), under its own "
                      "conditions: torch threads as shown, and whatever else shared the machine's cores (other study "
-                     "processes), so equal work can differ by 2-3x between rows. Not a "
+                     "processes), so equal work can differ by 2-3x between rows; and with its own code (``code``: "
+                     "the commit), so a method or evaluator made faster later still shows its old cost. Not a "
                      "benchmark: `make bench` (`suite_cost`) measures the suite on an otherwise idle machine."])
     tot_train = tot_eval = tot_run = 0.0
     for label, tr, r in rows:
@@ -696,7 +697,7 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                f"{tr_s:.0f}" if isinstance(tr_s, (int, float)) else DASH,
                f"{ti['tokens_per_second']:.0f}" if isinstance(ti.get("tokens_per_second"), (int, float)) else DASH]
         txt += [f"{tm[k]:.0f}" if isinstance(tm.get(k), (int, float)) else DASH for k in evs]
-        txt += [f"{ev_s:.0f}", f"{run_s:.0f}" if run_s is not None else DASH]
+        txt += [f"{ev_s:.0f}", f"{run_s:.0f}" if run_s is not None else DASH, str(r.get("git_sha") or DASH)[:7]]
         t.add([label, tr], [Cell(text=x) for x in txt])
     t.footnotes.append(f"Sum over the {len(rows)} runs shown: fine-tuning {tot_train / 3600:.2f} h, evaluation "
                        f"{tot_eval / 3600:.2f} h, whole runs {tot_run / 3600:.2f} h of process wall time (runs that "

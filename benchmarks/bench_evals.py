@@ -18,11 +18,7 @@ SmolLM2 PPL pass, RULER generation time.
   suite's RULER settings (qa_1/qa_2 from a small hand-made SQuAD/HotpotQA-format file of short paragraphs, so every
   task fits from 1024 on), wall and process-CPU seconds (target <= 60 s).
 
-- ``suite_cost``: wall and CPU seconds of the whole default suite (``conf/eval/tiny.yaml``, the powered one) per
-  method and per suite entry on tiny_llama, frozen weights (``BENCH_SUITE_METHODS``, default base, ntk_frozen, yarn,
-  self_extend, lm_infinite, landmark: one of each attention code path). ``BENCH_SUITE_ONLY=1`` runs only this entry;
-  ``BENCH_SUITE_ENTRIES`` (e.g. ``passkey,ppl_books``) and ``BENCH_SUITE_LENGTHS`` (e.g. ``256,512``) shorten it;
-  ``BENCH_SUITE=0`` skips it.
+The whole suite's cost per method is its own benchmark, ``benchmarks/bench_suite.py``.
 
 Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_REPEATS`` (tiny_llama, at least
 7 per length), ``BENCH_BUDGET_S`` (tiny_llama: more repeats while a length's raw forwards take less than this many
@@ -237,70 +233,12 @@ def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -
                 "skipped (do not fit)": skipped}
 
 
-def suite_cost(methods: list[str], suite: str = "tiny", model: str = "tiny_llama", only: list[str] | None = None,
-               lengths: list[int] | None = None) -> dict:
-    """Wall and process-CPU seconds of the ``suite`` (the default: the powered tiny suite) per method, per suite
-    entry, frozen weights (a fine-tuned checkpoint costs the same to evaluate: same shapes, same code path). Each
-    method in a fresh model; the first call of each entry includes its data preparation (tokenising the books and
-    haystacks), as in a real run. ``only``: a subset of suite entries; ``lengths``: override the suite's lengths."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from harness.conf_utils import compose
-    from harness.evals import EvalContext, build_evaluators
-    from harness.methods import build_method
-    from harness.models import build_model
-
-    out: dict = {"suite": suite, "model": model, "threads": torch.get_num_threads(), "methods": {}}
-    for name in methods:
-        over = [f"model={model}", f"method={name}", "train=none", f"eval={suite}"]
-        if lengths:
-            over.append(f"eval.lengths=[{','.join(str(x) for x in lengths)}]")
-        cfg = compose(over)
-        suite_cfg = OmegaConf.to_container(cfg.eval.suite, resolve=True)
-        if only:
-            suite_cfg = {k: v for k, v in suite_cfg.items() if k in only}
-        handle = build_model(cfg.model)
-        method = build_method(cfg.method)
-        method.apply(handle)
-        method.eval_mode(handle)
-        res: dict = {"entries": {}, "n": {}}
-        with tempfile.TemporaryDirectory() as d:
-            ctx = EvalContext(Path(d), int(cfg.seed), str(cfg.autocast), batch_tokens=int(cfg.eval_batch_tokens))
-            w0, c0 = time.perf_counter(), time.process_time()
-            for (key, node), ev in zip(suite_cfg.items(), build_evaluators(suite_cfg)):
-                w, c = time.perf_counter(), time.process_time()
-                m = ev.run(handle, method, ctx)
-                res["entries"][key] = {"wall_s": round(time.perf_counter() - w, 1),
-                                       "cpu_s": round(time.process_time() - c, 1)}
-                if "tokens_reused" in m:
-                    res["entries"][key]["tokens_reused"] = m["tokens_reused"]
-                    res["entries"][key]["tokens_encoded"] = m["tokens_encoded"]
-                res["n"][key] = {k: node.get(k) for k in ("samples", "depth_intervals", "tasks") if k in node}
-                print(f"suite_cost {name} {key}: {res['entries'][key]}", flush=True)
-            res["wall_s"] = round(time.perf_counter() - w0, 1)
-            res["cpu_s"] = round(time.process_time() - c0, 1)
-        res["lengths"] = list(cfg.eval.lengths)
-        out["methods"][name] = res
-        per = ", ".join(f"{k} {v['wall_s']}" for k, v in res["entries"].items())
-        print(f"suite_cost {name}: {res['wall_s']} s wall, {res['cpu_s']} s CPU ({per})", flush=True)
-        del handle
-    out["load_after"] = os.getloadavg()
-    return out
-
-
 def run() -> dict:
     import torch
 
     from harness.models import load_model
 
     torch.set_num_threads(_threads())
-    methods = [m for m in os.environ.get("BENCH_SUITE_METHODS", "base,ntk_frozen,yarn,self_extend,lm_infinite,"
-                                                                "landmark").split(",") if m]
-    if os.environ.get("BENCH_SUITE_ONLY") == "1":  # just the suite's cost (the other entries take ~10 min)
-        return {"threads": torch.get_num_threads(), "load": os.getloadavg(),
-                "suite_cost": suite_cost(methods, only=_csv("BENCH_SUITE_ENTRIES"),
-                                         lengths=[int(x) for x in _csv("BENCH_SUITE_LENGTHS") or []] or None)}
     lengths = [int(x) for x in os.environ.get("BENCH_LENGTHS", "1024,2048,4096,8192,16384").split(",")]
     tiny = load_model("tiny_llama")
     res = {"threads": torch.get_num_threads(), "load": os.getloadavg(),
@@ -317,16 +255,5 @@ def run() -> dict:
         res["smollm2_16k_ppl_rss"] = smollm2_rss(tok)
     else:
         res["smollm2"] = "skipped (BENCH_SMOLLM2=0)"
-    if os.environ.get("BENCH_SUITE", "1") != "0":
-        res["suite_cost"] = suite_cost(methods)
     res["load_after"] = os.getloadavg()
     return res
-
-
-def _csv(key: str) -> list[str] | None:
-    v = os.environ.get(key, "")
-    return [x for x in v.split(",") if x] or None
-
-
-if __name__ == "__main__":
-    print(json.dumps(run(), indent=1))

@@ -285,3 +285,15 @@ def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclu
     line = next(ln for ln in rep.splitlines() if ln.startswith("| NTK-32K | 0 \u2192 1 |"))
     assert "1.00 \u2192 0.20 (-0.80" in line and "n=50" in line and "`ntk_32k-t-s1`" in line
     assert fd.report(RowSet(paper, load_spec()), "tiny_llama").count("Training seeds") == 0
+
+
+def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
+    """(b) without a converged PI row says "no rows: pi", and the report adds that PI's rows exist but failed the
+    convergence gate; a method with no row at all gets no such note."""
+    rows = [r for r in world("paper") if r["run_id"] != "clex-t"]
+    (pi,) = [r for r in rows if r["run_id"] == "pi-t"]
+    pi["train_info"]["convergence"] = {"converged": False, "rule": "r"}
+    rep = fd.report(RowSet(rows, load_spec()), "tiny_llama")
+    line = next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
+    assert "no rows: pi" in line and "rows of pi exist but failed the convergence gate" in line
+    assert "rows of clex" not in line and "no rows: clex" in line

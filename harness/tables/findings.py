@@ -23,6 +23,7 @@ Nothing here is hard-coded but the paper's claims (direction, lengths, methods) 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import numpy as np
 from harness import stats
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
-from harness.tables.rows import Entry, RowSet, native_ctx
+from harness.tables.rows import Entry, RowSet, method_key, native_ctx
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 DEFAULT_MODEL = "tiny_llama"  # the study's model when there are no rows at all
@@ -607,6 +608,21 @@ def seed_differences(rs: RowSet, model: str) -> list[str]:
     return out
 
 
+def _gated(rs: RowSet, model: str, reason: str) -> str:
+    """For a reason that says "no rows: ...": which of those methods do have fine-tuned rows, left out because they
+    failed the convergence gate (so a reader does not take them for points never run)."""
+    if "no rows" not in reason:
+        return ""
+    def failed_gate(r):
+        g = (r.get("train_info") or {}).get("convergence") if isinstance(r.get("train_info"), dict) else None
+        return isinstance(g, dict) and g.get("converged") is False
+
+    named = set(re.findall(r"[a-z0-9_]+", reason))
+    gated = sorted({method_key(r) for r in rs.unconverged + rs.failed if r.get("model") == model and failed_gate(r)}
+                   & named)
+    return f"; rows of {', '.join(gated)} exist but failed the convergence gate (Notes)" if gated else ""
+
+
 def study_model(rs: RowSet) -> str | None:
     """The model with the most configurations (the study's model)."""
     ms = rs.models()
@@ -649,7 +665,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     for f in fs:
         ours = "<br>".join([_md(p.text()) for p in f.parts] +
                            [_md("not in the verdict: " + p.text()) for p in f.controls])
-        v = f"**{f.result}**" + (f" ({_md(f.reason)})" if f.reason else "")
+        v = f"**{f.result}**" + (f" ({_md(f.reason + _gated(rs, model, f.reason))})" if f.reason else "")
         out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.metric)} | {ours} | {_md(f.paper)} | {v} |")
     if per_seed:
         out += ["", "## Training seeds", "",

@@ -59,7 +59,7 @@ status: ## list unfinished and failed rows of results/runs/ (killed runs show as
 findings: setup ## results/findings.md: the paper's 12 findings tested on results/runs/ (coded verdict rule)
 	$(PY) scripts/make_findings.py
 
-study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS=... for overrides
+study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once and overrides
 	$(PY) scripts/study.py $(ARGS)
 
 TINY := harness/assets/tiny_llama

@@ -4,6 +4,7 @@ row with status ``ok`` and the same config hash already exists, then `make table
     python scripts/study.py                                  # experiment=tiny_study, every point
     python scripts/study.py experiment=tiny_study point=tiny_study/base,tiny_study/pi   # a subset
     python scripts/study.py --dry-run                        # the plan: which points run, which are done
+    python scripts/study.py --jobs 2                         # two points at a time, one thread each
 
 The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
 ``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
@@ -62,12 +63,23 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
     return out, results_dir or "results"
 
 
+def _wait_any(running: dict):
+    """The first of the running processes to end."""
+    while True:
+        for p in running:
+            if p.poll() is not None:
+                return p
+        time.sleep(1.0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: experiment=tiny_study)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     ap.add_argument("--no-report", action="store_true", help="skip make tables / make findings at the end")
     ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
+    ap.add_argument("--jobs", type=int, default=1, help="points run at once, each with cores / jobs threads "
+                    "(OMP_NUM_THREADS); on a 2-core CPU 2 x 1 thread finished more points per hour than 1 x 2")
     a = ap.parse_args(argv)
     argv = list(a.overrides)
     if not any(x.startswith("experiment=") for x in argv):
@@ -83,15 +95,26 @@ def main(argv=None) -> int:
     if a.dry_run:
         return 0
     failed, times = [], []
-    for k, j in enumerate(todo, 1):
-        t = time.time()
-        print(f"\n== [{k}/{len(todo)}] {j['label']} (elapsed {hms(t - t0)})", flush=True)
-        r = subprocess.run([sys.executable, str(ROOT / "run.py")] + j["overrides"], cwd=ROOT, env=os.environ.copy())
+    jobs_n = max(1, a.jobs)
+    env = os.environ.copy()
+    if jobs_n > 1 or "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs_n))
+    running: dict = {}  # Popen -> (k, job, start)
+    queue = list(enumerate(todo, 1))
+    while queue or running:
+        while queue and len(running) < jobs_n:
+            k, j = queue.pop(0)
+            t = time.time()
+            print(f"\n== [{k}/{len(todo)}] {j['label']} (elapsed {hms(t - t0)})", flush=True)
+            p = subprocess.Popen([sys.executable, str(ROOT / "run.py")] + j["overrides"], cwd=ROOT, env=env)
+            running[p] = (k, j, t)
+        p = _wait_any(running)
+        k, j, t = running.pop(p)
         dt = time.time() - t
         times.append(dt)
-        left = (len(todo) - k) * (sum(times) / len(times))
-        status = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
-        if r.returncode:
+        left = (len(queue) + len(running)) * (sum(times) / len(times)) / jobs_n
+        status = "ok" if p.returncode == 0 else f"FAILED (exit {p.returncode})"
+        if p.returncode:
             failed.append(j["label"])
         print(f"== [{k}/{len(todo)}] {j['label']}: {status} in {hms(dt)}; elapsed {hms(time.time() - t0)}, "
               f"about {hms(left)} left", flush=True)

@@ -37,3 +37,20 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
     # a changed config (another seed) is not the same point: it would run
     dry = subprocess.run(cmd + ["seed=1", "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert dry.returncode == 0 and "0 already done" in dry.stdout and "1 to run" in dry.stdout
+
+
+def test_study_jobs_run_points_at_once(tmp_path):
+    """``--jobs 2``: two points run at the same time (each started before the other ended), one thread each."""
+    env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),
+               HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("OMP_NUM_THREADS", None)
+    over = ["experiment=tiny_study", "point=tiny_study/base,tiny_study/ntk_frozen"] + OVERRIDES[2:]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--jobs", "2", "--no-report"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "2 points run, 0 skipped (done), 0 failed" in r.stdout
+    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
+    assert sorted(x["method"] for x in rows) == ["base", "ntk_frozen"] and all(x["status"] == "ok" for x in rows)
+    a, b = rows
+    assert a["time_start"] < b["time_end"] and b["time_start"] < a["time_end"], "the two points did not overlap"
+    assert {x["hardware"]["torch_threads"] for x in rows} == {max(1, (os.cpu_count() or 1) // 2)}

@@ -54,3 +54,13 @@ def test_study_jobs_run_points_at_once(tmp_path):
     a, b = rows
     assert a["time_start"] < b["time_end"] and b["time_start"] < a["time_end"], "the two points did not overlap"
     assert {x["hardware"]["torch_threads"] for x in rows} == {max(1, (os.cpu_count() or 1) // 2)}
+
+
+def test_ntk_64k_2b_point_trains_on_twice_ntk_64k_tokens():
+    """The NTK-64K-2B point is NTK-64K with twice the tokens, whatever train=tiny's budget is (a hard-coded token count
+    once left it with 0.09x NTK-64K's tokens after the recipe grew)."""
+    from harness.conf_utils import compose
+
+    one, two = (compose(["experiment=tiny_study", f"point=tiny_study/{p}"]).train for p in ("ntk_64k", "ntk_64k_2b"))
+    assert two.seq_len == one.seq_len and two.tokens == 2 * one.tokens
+    assert {k: v for k, v in two.items() if k != "tokens"} == {k: v for k, v in one.items() if k != "tokens"}

@@ -707,6 +707,8 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
 
 
 def _training(e: Entry) -> str:
+    if str(e.newest.get("method") or "").endswith("_search"):
+        return "factor search"
     return "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
                                       e.native_ctx else "fine-tuned")
 

@@ -116,6 +116,7 @@ class Finding:
     # fine-tuning on the study's data does by itself), or for a method the paper did not study (spec.yaml
     # ``beyond_paper``: a finding about the paper's methods keeps its scope)
     controls: list = field(default_factory=list)
+    on_shown_seed: str = ""          # the verdict on the rows shown, before ``seeded`` compared training seeds
 
     def decide(self):
         self.result, self.reason = verdict(self.parts)
@@ -565,6 +566,7 @@ def seeded(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Fin
         for rid, lab in ev_s.used.items():
             ev.used.setdefault(rid, f"{lab}, seed {s}")
     for i, f in enumerate(fs):
+        f.on_shown_seed = f.result
         got = {s: v[i] for s, v in per_seed.items()}
         if any(v != f.result for v in got.values()):
             shown = _shown_seed(rs, model)
@@ -675,9 +677,8 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
                 "", "| finding | " + " | ".join([f"seed {_shown_seed(rs, model)} (shown)"]
                                                    + [f"seed {s}" for s in per_seed]) + " |",
                 "|:--|" + ":--|" * (1 + len(per_seed))]
-        first, _ = evaluate(rs, model, paper)
-        for i, f in enumerate(first):
-            out.append(f"| ({f.key}) | {f.result} | " + " | ".join(v[i] for v in per_seed.values()) + " |")
+        for i, f in enumerate(fs):
+            out.append(f"| ({f.key}) | {f.on_shown_seed} | " + " | ".join(v[i] for v in per_seed.values()) + " |")
         out += ["", "Seed to seed, same configuration, same prompts / documents (other seed minus shown; a "
                 "difference only where the interval excludes 0 — passkey — or 1 — PPL ratio):", "",
                 "| configuration | seeds | passkey at C | passkey at 8C | PPL ratio at C | PPL ratio at 8C | runs |",

@@ -281,7 +281,7 @@ def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclu
         if per_seed["1"]["abcdefghijkl".index(k)] == v:
             assert got[k].result == v, k
     rep = fd.report(rs, "tiny_llama")
-    assert "## Training seeds" in rep
+    assert "## Training seeds" in rep and f"| (b) | reproduced | {per_seed['1'][1]} |" in rep
     line = next(ln for ln in rep.splitlines() if ln.startswith("| NTK-32K | 0 \u2192 1 |"))
     assert "1.00 \u2192 0.20 (-0.80" in line and "n=50" in line and "`ntk_32k-t-s1`" in line
     assert fd.report(RowSet(paper, load_spec()), "tiny_llama").count("Training seeds") == 0

@@ -25,7 +25,8 @@ def main(argv=None) -> int:
 
     p = write(a.results, a.out, a.model, a.runs)
     text = p.read_text()
-    verdicts = [line.rsplit("| **", 1)[-1].split("**")[0] for line in text.splitlines() if line.startswith("| (")]
+    verdicts = [line.rsplit("| **", 1)[-1].split("**")[0] for line in text.splitlines()
+                if line.startswith("| (") and "| **" in line]  # the findings table (not the per-seed one)
     print(f"{p}: {len(verdicts)} findings ({', '.join(f'{v} {verdicts.count(v)}' for v in dict.fromkeys(verdicts))})"
           f" in {time.time() - t0:.1f}s")
     return 0

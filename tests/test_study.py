@@ -51,8 +51,9 @@ def test_study_jobs_run_points_at_once(tmp_path):
     assert "2 points run, 0 skipped (done), 0 failed" in r.stdout
     rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
     assert sorted(x["method"] for x in rows) == ["base", "ntk_frozen"] and all(x["status"] == "ok" for x in rows)
-    a, b = rows
-    assert a["time_start"] < b["time_end"] and b["time_start"] < a["time_end"], "the two points did not overlap"
+    # both points were started before either was waited for (row times have 1 s resolution: not a test of overlap)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("== [")]
+    assert [ln.endswith(")") and ": " not in ln.split("]", 1)[1] for ln in lines[:2]] == [True, True], lines
     assert {x["hardware"]["torch_threads"] for x in rows} == {max(1, (os.cpu_count() or 1) // 2)}
 
 

@@ -601,8 +601,7 @@ def summary_table(rs: RowSet, paper: Paper, model: str, source: str = "passkey")
         if not fl.measurable:
             for c in cells:
                 c.nm = fl.reason if c.ours is not None else None
-        tr = "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
-                                        e.native_ctx else "fine-tuned")
+        tr = _training(e)
         t.add([e.label, tr], cells, e)
     if not t.rows:
         return None
@@ -641,8 +640,7 @@ def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
             cells.append(c)
         if all(c.ours is None for c in cells):
             continue
-        tr = "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
-                                        e.native_ctx else "fine-tuned")
+        tr = _training(e)
         t.add([e.label, tr], cells, e)
     if not t.rows:
         return None
@@ -667,8 +665,7 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     not a controlled benchmark (``make bench``, ``suite_cost``, is that)."""
     ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
     rows = [(e.label, _training(e), r) for e in ents for seed in e.seeds for r in e.by_seed[seed]]
-    rows += [(f"{method_key(r)} (gate failed)", f"fine-tuned at {train_len(r) / native_ctx(r):g}C"
-              if train_len(r) and native_ctx(r) else "fine-tuned", r)
+    rows += [(f"{method_key(r)} (gate failed)", _training_text(False, train_len(r), native_ctx(r)), r)
              for r in rs.unconverged if r.get("model") == model]
     rows = [x for x in rows if isinstance(x[2].get("timings"), dict) and x[2]["timings"]]
     if not rows:
@@ -706,11 +703,15 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     return t
 
 
+def _training_text(frozen: bool, tl: int | None, c: int | None) -> str:
+    """The "Training" column: frozen, or the fine-tuning length in units of C."""
+    return "frozen" if frozen else (f"fine-tuned at {tl / c:g}C" if tl and c else "fine-tuned")
+
+
 def _training(e: Entry) -> str:
     if str(e.newest.get("method") or "").endswith("_search"):
         return "factor search"
-    return "frozen" if e.frozen else (f"fine-tuned at {e.train_len / e.native_ctx:g}C" if e.train_len and
-                                      e.native_ctx else "fine-tuned")
+    return _training_text(e.frozen, e.train_len, e.native_ctx)
 
 
 BUILDERS = (table1, ppl_table, ruler_table, longbench_table, table9, entropy_abf_table, longrope_short_table)

@@ -32,7 +32,7 @@ import numpy as np
 from harness import stats
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
-from harness.tables.rows import Entry, RowSet, method_key, native_ctx
+from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 DEFAULT_MODEL = "tiny_llama"  # the study's model when there are no rows at all
@@ -615,13 +615,9 @@ def _gated(rs: RowSet, model: str, reason: str) -> str:
     failed the convergence gate (so a reader does not take them for points never run)."""
     if "no rows" not in reason:
         return ""
-    def failed_gate(r):
-        g = (r.get("train_info") or {}).get("convergence") if isinstance(r.get("train_info"), dict) else None
-        return isinstance(g, dict) and g.get("converged") is False
-
     named = set(re.findall(r"[a-z0-9_]+", reason))
-    gated = sorted({method_key(r) for r in rs.unconverged + rs.failed if r.get("model") == model and failed_gate(r)}
-                   & named)
+    gated = sorted({method_key(r) for r in rs.unconverged + rs.failed
+                    if r.get("model") == model and converged(r) is False} & named)
     return f"; rows of {', '.join(gated)} exist but failed the convergence gate (Notes)" if gated else ""
 
 

@@ -226,8 +226,8 @@ class RowSet:
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
         # not the method: left out of every table and finding, named in a footnote
-        self.unconverged = [r for r in ok if _converged(r) is False]
-        ok = [r for r in ok if _converged(r) is not False]
+        self.unconverged = [r for r in ok if converged(r) is False]
+        ok = [r for r in ok if converged(r) is not False]
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
@@ -368,7 +368,7 @@ class RowSet:
         return notes
 
 
-def _converged(row: dict):
+def converged(row: dict):
     """The convergence gate's verdict recorded in the row (True / False), None when the row has none."""
     g = (row.get("train_info") or {}).get("convergence") if isinstance(row.get("train_info"), dict) else None
     return g.get("converged") if isinstance(g, dict) and isinstance(g.get("converged"), bool) else None

@@ -194,3 +194,52 @@ def test_prepare_cluster_data_dry_run(tmp_path):
                           "--dry-run"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "SlimPajama" in out.stdout and "meta-llama/Llama-2-7b-hf" in out.stdout
+
+
+def test_graded_documents_mark_their_answers_and_plain_text_is_unchanged():
+    """The graded kinds mark their answers for the answer-only curriculum (scripts/pretrain_tiny.py, stage 8): the
+    spans cover exactly the answer after the question, the marks never reach the text, and asking for the spans
+    does not change the document drawn (same rng, same text)."""
+    import random
+
+    from harness.data.synthetic import ANSWER_CLOSE, ANSWER_OPEN, FillerFactory, split_answers, synthetic_document
+
+    filler = FillerFactory(["a line of filler text here", "another line of plain words"] * 10, 0)
+    assert split_answers(f"x {ANSWER_OPEN}42{ANSWER_CLOSE} y {ANSWER_OPEN}b{ANSWER_CLOSE}") == ("x 42 y b",
+                                                                                                [(2, 4), (7, 8)])
+    for kind in ("lookup", "multivalue", "chain"):
+        for seed in range(20):
+            text, spans = synthetic_document(random.Random(seed), filler, 200, kind=kind, answers=True)
+            assert text == synthetic_document(random.Random(seed), filler, 200, kind=kind)
+            assert spans and ANSWER_OPEN not in text and ANSWER_CLOSE not in text
+            for s, e in spans:  # an answer is non-empty and also appears before its question (it is retrievable),
+                answer = text[s:e]  # except variable tracking's list of names, which is assembled from the chain
+                assert answer.strip() == answer and answer
+                if kind == "lookup":
+                    assert answer in text[:s]
+            assert spans[-1][1] == len(text) or kind == "lookup"
+    text, spans = synthetic_document(random.Random(0), filler, 200, kind="cued", answers=True)
+    assert spans == [] and text == synthetic_document(random.Random(0), filler, 200, kind="cued")
+
+
+def test_answer_batch_supervises_answers_only(tokenizer):
+    """The stage-8 batch: labels are -100 except on the answer tokens, which decode to the marked answers."""
+    import importlib.util
+    import random
+
+    from harness.data.synthetic import FillerFactory, synthetic_document
+
+    spec = importlib.util.spec_from_file_location("pretrain_tiny", ROOT / "scripts" / "pretrain_tiny.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    filler = FillerFactory(["a line of filler text here", "another line of plain words"] * 10, 0)
+    ids, mask, labels = mod.answer_batch(tokenizer, 6, 256, seed=3, kinds={"lookup": 1.0}, filler=filler)
+    assert ids.shape == labels.shape == mask.shape and ids.shape[0] == 6 and ids.shape[1] <= 256
+    assert ((labels != -100) <= (mask == 1)).all() and (labels != -100).sum() > 0
+    assert (labels[labels != -100] == ids[labels != -100]).all()
+    rng = random.Random(3)  # the first document of the batch, drawn again
+    text, spans = synthetic_document(rng, filler, rng.randint(40, 254),
+                                     lambda t: len(tokenizer(t, add_special_tokens=False).input_ids),
+                                     kind=rng.choices(["lookup"], [1.0])[0], answers=True)
+    supervised = tokenizer.decode(ids[0][labels[0] != -100]).replace(" ", "")
+    assert supervised == "".join(text[s:e] for s, e in spans).replace(" ", "")

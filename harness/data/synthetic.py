@@ -249,6 +249,30 @@ def _cued(rng, filler: FillerFactory, budget: int, count: Counter, distract_p: f
     return sep.join(([intro] if intro else []) + body + [q]) + " " + v
 
 
+# Answer marks: the graded kinds wrap each answer in two control characters that no natural text or filler contains,
+# so that a pretraining stage can supervise the answers alone (``split_answers``); ``synthetic_document`` removes
+# them unless asked for the spans.
+ANSWER_OPEN, ANSWER_CLOSE = "\x02", "\x03"
+
+
+def _answer(text: str) -> str:
+    return f"{ANSWER_OPEN}{text}{ANSWER_CLOSE}"
+
+
+def split_answers(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` without its answer marks, and the character spans ``[start, end)`` of the marked answers in it."""
+    out, spans, start, pos = [], [], None, 0
+    for ch in text:
+        if ch == ANSWER_OPEN:
+            start = pos
+        elif ch == ANSWER_CLOSE:
+            spans.append((start, pos))
+        else:
+            out.append(ch)
+            pos += 1
+    return "".join(out), spans
+
+
 # --- graded retrieval (RULER's multi-key / multi-value / variable-tracking families, never their templates) --------
 LOOKUP_NOUNS = ["code", "number", "id", "value", "tag", "label", "key", "digits", "word", "entry", "figure",
                 "reading", "score", "mark", "secret", "count"]
@@ -356,7 +380,7 @@ def _lookup(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
         q = rng.choice(LOOKUP_QUESTIONS).format(n=noun, k=keys[i])
         prefixes = LOOKUP_ANSWER_PREFIXES if rng.random() < 0.75 else LOOKUP_ANSWER_ADJACENT
         a = rng.choice(prefixes).format(n=noun, k=keys[i])
-        qa.append(f"{q}{rng.choice([' ', chr(10)])}{a} {vals[i]}")
+        qa.append(f"{q}{rng.choice([' ', chr(10)])}{a} {_answer(vals[i])}")
     intro = rng.choice(INTROS)
     room = budget - count(sep.join([intro] + lines + qa)) - 3
     body = _fill_around(rng, filler, room, count, lines)
@@ -384,7 +408,7 @@ def _multivalue(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     a = rng.choice(["The {ns} of {k} are", "Answer:", "They are", "{k}:", "All of them:"]).format(
         ns=_plural(noun), k=target)
     sep = rng.choice(SEPARATORS)
-    tail = f"{q}{rng.choice([' ', chr(10)])}{a} {answer}"
+    tail = f"{q}{rng.choice([' ', chr(10)])}{a} {_answer(answer)}"
     room = budget - count(sep.join(lines + [tail])) - 3
     body = _fill_around(rng, filler, room, count, lines)
     return sep.join(body + [tail])
@@ -427,10 +451,10 @@ def _chain(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
         q = rng.choice(CHAIN_QUESTIONS).format(v=values[0])
         a = rng.choice(CHAIN_ANSWER_PREFIXES).format(v=values[0])
         joiner = " " if rng.random() < 0.5 else rng.choice(LIST_SEPARATORS)
-        tail = f"{q}{rng.choice([' ', chr(10)])}{a} {joiner.join(first)}"
+        tail = f"{q}{rng.choice([' ', chr(10)])}{a} {_answer(joiner.join(first))}"
     else:
         tail = rng.choice(["What is the value of {x}?", "{x} = ?", "Evaluate {x}."]).format(x=first[-1]) + \
-            rng.choice([" It is", "\nAnswer:", " ->", " Value:"]) + f" {values[0]}"
+            rng.choice([" It is", "\nAnswer:", " ->", " Value:"]) + f" {_answer(values[0])}"
     sep = rng.choice(["\n", " ", "\n", "; ", " | "])
     room = budget - count(sep.join(lines + [tail])) - 3
     body = _fill_around(rng, filler, room, count, lines)
@@ -484,12 +508,19 @@ def set_kind_weights(**weights: float) -> None:
 
 
 def synthetic_document(rng: random.Random, filler: FillerFactory, budget_tokens: int,
-                       count: Counter = _approx_tokens, kind: str | None = None) -> str:
-    """One synthetic document of at most about ``budget_tokens`` tokens (as measured by ``count``)."""
+                       count: Counter = _approx_tokens, kind: str | None = None, answers: bool = False):
+    """One synthetic document of at most about ``budget_tokens`` tokens (as measured by ``count``); with
+    ``answers=True``, the pair (text, character spans of its answers) (the graded kinds mark their answers; the
+    other kinds give no spans)."""
     kinds, weights = zip(*KIND_WEIGHTS.items())
+    unmarked = str.maketrans("", "", ANSWER_OPEN + ANSWER_CLOSE)
+
+    def count_text(text: str) -> int:  # budgets count the document as it will be read, without its answer marks
+        return count(text.translate(unmarked))
+
     for _ in range(100):
         k = kind or rng.choices(kinds, weights)[0]
-        doc = KINDS[k](rng, filler, budget_tokens, count)
+        doc, spans = split_answers(KINDS[k](rng, filler, budget_tokens, count_text))
         if not contains_eval_template(doc):
-            return doc
+            return (doc, spans) if answers else doc
     raise RuntimeError("could not draw a synthetic document free of evaluation templates")

@@ -1,4 +1,4 @@
-"""`make findings`: the coded verdict rule, fed synthetic rows for each verdict of each of the twelve findings.
+"""`make findings`: the coded verdict rule, fed synthetic rows for each verdict of each of the thirteen findings.
 
 Three synthetic studies (tiny_llama-like, C = 256, lengths C..16C, 50 passkey prompts per length, 8 documents per
 PPL cell, per-document NLL by position): one where every claim of the paper holds by a wide margin ("paper"), one
@@ -113,6 +113,9 @@ def world(kind: str) -> list[dict]:
         spec["lm_infinite"] = (True, None, [.5] * 5, [4.0, 4.0, 4.0, 4.0 + math.log(1.25), 4.0], (4.0, 4.0))
         for m in ("pi", "yarn", "clex", "ntk_32k"):   # (k): PPL at C exactly 1.10 x the base's
             spec[m][3][0] = 4.0 + math.log(1.10)
+        for m, v in spec.items():  # (m): fine-tuned PPL at 8C (and 16C, for (c) and (h)) equal to LM-Infinite's
+            if not v[0]:
+                v[3][3] = v[3][4] = 4.0 + math.log(1.25)
     rows = []
     for m, (fz, tl, acc, nll, pos) in spec.items():
         method = {"ntk_64k_2b": "ntk_64k"}.get(m, m)
@@ -127,7 +130,7 @@ def verdicts(rows) -> dict:
     return {f.key: f for f in fs}
 
 
-KEYS = "abcdefghijkl"
+KEYS = "abcdefghijklm"
 
 
 @pytest.mark.parametrize("kind,expected", [("paper", fd.REPRODUCED), ("opposite", fd.NOT_REPRODUCED),
@@ -211,7 +214,7 @@ def test_make_findings_script(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     md = (res / "findings.md").read_text()
-    assert md.count("**reproduced**") == 12
+    assert md.count("**reproduced**") == len(fd.FINDINGS) == 13
     assert "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
     assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md
 
@@ -278,7 +281,7 @@ def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclu
     assert alone["b"] == fd.REPRODUCED and per_seed["1"][1] != fd.REPRODUCED
     assert got["b"].result == fd.INCONCLUSIVE and "depends on the training seed" in got["b"].reason
     for k, v in alone.items():  # a finding that does not involve NTK-32K, or holds on both seeds, keeps its verdict
-        if per_seed["1"]["abcdefghijkl".index(k)] == v:
+        if per_seed["1"][KEYS.index(k)] == v:
             assert got[k].result == v, k
     rep = fd.report(rs, "tiny_llama")
     assert "## Training seeds" in rep and f"| (b) | reproduced | {per_seed['1'][1]} |" in rep

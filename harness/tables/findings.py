@@ -1,4 +1,4 @@
-"""`make findings`: the controlled study's twelve findings, each tested on the rows with a coded verdict rule.
+"""`make findings`: the controlled study's thirteen findings, each tested on the rows with a coded verdict rule.
 
 Every finding is one or more **parts**; a part is a 95% interval for a quantity whose sign (or position against a
 stated margin) the paper asserts, e.g. "passkey accuracy of NTK-32K minus that of YaRN (FT), same prompts, > 0".
@@ -248,7 +248,7 @@ def _missing(**entries) -> str:
     return "no rows: " + ", ".join(gone) if gone else ""
 
 
-# -- the twelve findings ------------------------------------------------------------------------------------------
+# -- the thirteen findings ----------------------------------------------------------------------------------------
 def _needle_missing(ev: Evidence) -> str:
     return "" if ev.needle_source else ev.needle_note
 
@@ -521,6 +521,21 @@ def f_l(ev: Evidence, paper: Paper) -> Finding:
     return f.decide()
 
 
+def f_m(ev: Evidence, paper: Paper) -> Finding:
+    f = Finding("m", "Full attention fine-tuned at 32k uses the long context better than LM-Infinite's window",
+                "PPL (books) at 8C of each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C) / LM-Infinite's (frozen, "
+                "attention window C), same documents (better: < 1)",
+                "Table 2 PG19 at 32k: PI 5.95, YaRN 5.93, CLEX 5.82, NTK-32K 5.79 vs LM-Infinite 6.71")
+    lmi = ev.entry("lm_infinite", True)
+    for k in FT_32K:
+        e = ev.entry(k, False)
+        f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(lmi, 'lm_infinite')}, PPL 8C",
+                                 ev.at(e, "ppl_pg19", TRAIN_F) if e else None,
+                                 ev.at(lmi, "ppl_pg19", TRAIN_F) if lmi else None, -1, ratio=True,
+                                 missing=_missing(**{k: e}, lm_infinite=lmi)))
+    return f.decide()
+
+
 def _nll_part(ev: Evidence, e: Entry, ref: Entry, lo_f: float, hi_f: float, d: int, tag: str) -> Part:
     """Paired per-document difference of mean NLL over positions (lo_f C, hi_f C], ``e`` minus ``ref``."""
     what = f"{e.label} - {ref.label}, NLL {tag}"
@@ -546,7 +561,7 @@ def _nll_range(m: dict, c: int, lo_f: float, hi_f: float):
     return [float(np.mean([d[i] for i in sel])) for d in docs]
 
 
-FINDINGS = (f_a, f_b, f_c, f_d, f_e, f_f, f_g, f_h, f_i, f_j, f_k, f_l)
+FINDINGS = (f_a, f_b, f_c, f_d, f_e, f_f, f_g, f_h, f_i, f_j, f_k, f_l, f_m)
 
 
 def evaluate(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence]:

@@ -65,6 +65,7 @@ def main(cfg: DictConfig) -> None:
     def evaluate(label, handle, with_method=True):
         t0 = time.time()
         handle.model.eval()
+        ctx.nll_cache = {}  # one point = one state of the weights: windows scored at another point are not reused
         point = {}
         for k, ev in zip(suite, evaluators):
             ctx.run_dir = run_dir / label  # per-sample records of this point only (paired comparisons)

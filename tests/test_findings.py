@@ -49,12 +49,14 @@ def row(method: str, acc, nll, *, frozen: bool, train_len: int | None = None, nl
     per_doc = [[(nllpos[0] if p <= C else nllpos[1]) + DOC[i] + e[i] for p in pos] for i in range(8)]
     metrics = {
         "ppl_books": {"ppl": ppl, "per_sample": per_sample, "protocol": "yarn", "documents": 8, "skipped": {}},
+        "ppl_code": {"ppl": dict(ppl), "per_sample": {L: list(v) for L, v in per_sample.items()}, "protocol": "yarn",
+                     "documents": 8, "skipped": {}},   # code (Proof-pile's analogue): the same numbers
         "passkey": {"accuracy": {L: sum(v) / N for L, v in correct.items()}, "correct": correct,
                     "samples_per_length": N, "skipped": {}},
         "nll_by_position": {"positions": pos, "nll": list(np.mean(per_doc, axis=0)), "per_doc": per_doc,
                             "length": 16 * C, "documents": 8},
     }
-    suite = {k: {"name": {"ppl_books": "ppl"}.get(k, k)} for k in metrics}
+    suite = {k: {"name": {"ppl_books": "ppl", "ppl_code": "ppl"}.get(k, k)} for k in metrics}
     run_id = f"{key or method}-{'f' if frozen else 't'}"
     return {"schema": 1, "run_id": run_id, "status": "ok", "model": "tiny_llama", "method": method, "data": "local_mix",
             "train": "none" if frozen else "tiny", "eval": "tiny", "method_params": {"name": method},

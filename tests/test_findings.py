@@ -115,7 +115,7 @@ def world(kind: str) -> list[dict]:
         spec["lm_infinite"] = (True, None, [.5] * 5, [4.0, 4.0, 4.0, 4.0 + math.log(1.25), 4.0], (4.0, 4.0))
         for m in ("pi", "yarn", "clex", "ntk_32k"):   # (k): PPL at C exactly 1.10 x the base's
             spec[m][3][0] = 4.0 + math.log(1.10)
-        for m, v in spec.items():  # (m): fine-tuned PPL at 8C (and 16C, for (c) and (h)) equal to LM-Infinite's
+        for v in spec.values():  # (m): fine-tuned PPL at 8C (and 16C, for (c) and (h)) equal to LM-Infinite's
             if not v[0]:
                 v[3][3] = v[3][4] = 4.0 + math.log(1.25)
     rows = []

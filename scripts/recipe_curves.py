@@ -10,12 +10,18 @@ in ``curve.at``. With a constant schedule after warm-up, the curve at step N equ
 and the LR at each step do not depend on the total); with a decaying schedule only the last point is such a run.
 Fine-tuning runs to ``max(curve.at)`` steps. Writes ``results/curves/<method>-<tag>.json``.
 
+Resumable: the training state is checkpointed every ``gcd(curve.at)`` steps (``paths.ckpt_dir``); the same command
+after a kill resumes from the newest checkpoint and keeps the points already in the curve file when its method,
+training settings and steps are the same (an earlier, different curve under the same name is overwritten).
+
 Only methods whose training and inference modes are the same are supported (the RoPE family); a method with a
 ``train_mode`` (LongLoRA's LoRA, Landmark) is refused.
 """
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
 from pathlib import Path
 
@@ -52,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         raise ConfigError(f"recipe_curves: method {method.name} trains differently than it evaluates; not supported")
     train.max_steps = max(at)
     train.tokens = max(train.tokens, max(at) * train.global_batch * train.seq_len)
-    train.save_every = 0
+    train.save_every = math.gcd(*at)  # a checkpoint at every curve point (after its evaluation), for resuming
     train.convergence_check = False  # the curve measures the base itself, with its own suite
     evaluators = build_evaluators(suite)
     run_dir = Path(cfg.paths.output_dir) / "curves" / out.stem
@@ -61,11 +67,16 @@ def main(cfg: DictConfig) -> None:
     record = {"method": method.params(), "train": OmegaConf.to_container(cfg.train, resolve=True),
               "model": cfg.model.name, "eval": suite_name, "suite": suite, "at": at, "points": {},
               "git_sha": results.git_sha(), "started": results.now_iso()}
+    earlier = json.loads(out.read_text()) if out.exists() else None
+    if earlier and not earlier.get("finished") and all(earlier.get(k) == record[k] for k in ("method", "train", "at")):
+        record["points"] = {k: v for k, v in earlier["points"].items() if k not in ("base", "0")}
+        record["started"] = earlier["started"]
 
     def evaluate(label, handle, with_method=True):
         t0 = time.time()
         handle.model.eval()
         ctx.nll_cache = {}  # one point = one state of the weights: windows scored at another point are not reused
+        shutil.rmtree(run_dir / label, ignore_errors=True)  # a resumed curve re-scores this point: no stale samples
         point = {}
         for k, ev in zip(suite, evaluators):
             ctx.run_dir = run_dir / label  # per-sample records of this point only (paired comparisons)
@@ -73,6 +84,7 @@ def main(cfg: DictConfig) -> None:
         point["records"] = _records(run_dir / label, suite)
         point["eval_seconds"] = round(time.time() - t0, 1)
         record["points"][label] = point
+        record["points"] = dict(sorted(record["points"].items(), key=lambda kv: -1 if kv[0] == "base" else int(kv[0])))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=1))
         print(f"[{label}] " + " ".join(f"{k}={_short(v)}" for k, v in point.items() if isinstance(v, dict)), flush=True)
@@ -99,6 +111,7 @@ def main(cfg: DictConfig) -> None:
                     results.config_hash(record["train"]) + "-curve", None, on_step)
     losses = info["losses"]
     record.update(losses=losses, train_seconds=round(time.time() - t0, 1), finished=results.now_iso(),
+                  resumed_from_step=info["resumed_from_step"],
                   tokens_per_second=info["tokens_per_second"])
     out.write_text(json.dumps(record, indent=1))
     print(f"curve: {out}")

@@ -61,6 +61,12 @@ def baseline_rope(name: str, factors: dict, a, model) -> dict | None:
     from harness.models import rotary_dim
     from harness.search import rescale_factors
 
+    if a.factors_for == "short":  # recovery search: the one baseline is the fine-tuned model's own factors file
+        if name != "init":
+            return None
+        from harness.methods.longrope import load_factors
+
+        return {"factors": load_factors(a.init_factors, None)}
     C, L = int(factors["original_max_position_embeddings"]), int(factors["max_position_embeddings"])
     s, d, b = L / C, rotary_dim(model.config), rope_base(model.config)
     if name == "pi":
@@ -95,7 +101,7 @@ def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
 
     model, tok = handle.model, handle.tokenizer
     v = cfg.verify
-    L = int(factors["max_position_embeddings"])
+    L = int(cfg.target_length) if a.factors_for == "short" else int(factors["max_position_embeddings"])
     dtype = resolve_dtype(str(cfg.autocast))
     ds, split = (v.dataset or a.dataset), (v.split or a.split)
     ev = Perplexity(Perplexity.Args(dataset=ds, split=split, samples=int(v.samples), lengths=[L], chunk=a.chunk))

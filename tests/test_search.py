@@ -443,3 +443,46 @@ def test_search_yaml_lists_every_argument(name):
 
     node = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "search" / f"{name}.yaml")
     assert {f.name for f in dataclasses.fields(SearchArgs)} == set(node.keys())
+
+
+# -- LongRoPE's recovery search of the short factors (paper Sec. 3.3) --------------------------------------------
+def test_short_factor_search_keeps_the_long_factors_and_is_what_the_method_uses_within_C(tmp_path, tok):
+    from harness.config import ConfigError
+    from harness.methods import build_method
+    from harness.models import ModelHandle
+    from harness.search.fitness import long_documents
+
+    C, target, d = 64, 160, 16
+    model = random_llama(vocab=len(tok), hidden=64, heads=4, ctx=C, seed=5, theta=1000.0)
+    long = [round(float(v), 2) for v in cd.yarn_factors(d, target / C, 1000.0, C)]
+    trained = tmp_path / "long.json"  # the factors a model was fine-tuned with (short factors 1)
+    trained.write_text(json.dumps({"short_factor": [1.0] * (d // 2), "long_factor": long,
+                                   "original_max_position_embeddings": C, "max_position_embeddings": target,
+                                   "attention_factor": 1.15, "n_hat": 2}))
+    a = SearchArgs(name="t", population=6, mutations=2, crossovers=2, parents=3, iterations=2, samples=2, batch=1,
+                   factors_for="short", init_factors=str(trained), n_hat_grid=[0])
+    fac, info = run_search(model, tok, a, C, C, tmp_path / "s.json", seed=0, model_name="random", dtype="float32",
+                           log=lambda m: None)
+    assert fac["long_factor"] == long and fac["max_position_embeddings"] == target
+    assert fac["attention_factor"] == 1.15 and fac["n_hat"] == 2 and fac["provenance"]["factors_for"] == "short"
+    sf = np.asarray(fac["short_factor"])
+    assert np.all(np.diff(sf) >= -1e-9) and sf.min() >= 1 - 1e-9 and sf.max() <= target / C + 1e-9
+    # the seeds include all ones (the method without this search): the best is never worse than it
+    ids = long_documents(tok, a.dataset, a.split, 2, C)
+    ones = Fitness(model, ids, None, lambda c: 1.15, dtype="float32", native_ctx=C,
+                   fixed_long=json.loads(trained.read_text()))([Candidate(np.ones(d // 2))])[0]
+    assert info["best_fitness"] <= ones + 1e-9
+    # the longrope method, given the written file, scores exactly the search's best within C (short factors used)
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(fac))
+    build_method({"name": "longrope", "factors": str(path)}).apply(ModelHandle(model, tok, "random", C, {}))
+    got = math.exp(np.mean([math.log(ppl_with_current_rope(model, ids[j : j + 1], dtype="float32"))
+                            for j in range(2)]))
+    assert got == pytest.approx(info["best_fitness"], rel=1e-5)
+    with pytest.raises(ConfigError, match="<= the native window"):
+        run_search(model, tok, a, C, 2 * C, tmp_path / "s2.json", dtype="float32", log=lambda m: None)
+    with pytest.raises(ConfigError, match="needs init_factors"):
+        SearchArgs(factors_for="short").validate()
+    with pytest.raises(ValueError, match="exceed the native window"):
+        Fitness(model, long_documents(tok, a.dataset, a.split, 1, 2 * C), None, lambda c: 1.0, native_ctx=C,
+                fixed_long=json.loads(trained.read_text()))

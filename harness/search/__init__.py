@@ -63,10 +63,21 @@ class SearchArgs:
     critical_window: int = 4  # pairs either side of the theoretical critical pair when critical_dim=search
     mscale: str = "su"  # su | yarn | <number>: attention factor on cos/sin at the target length
     time_budget_s: float = 0.0  # skip iterations that would end past this many seconds (0 = all); stays resumable
+    # long | short. short = LongRoPE's recovery search (paper Sec. 3.3, "recovering the short context window"):
+    # on the fine-tuned model, search the *short* factors (used at length <= C) at target_length <= C, with the long
+    # factors, target, attention factor and n_hat fixed from ``init_factors`` (the factors it was fine-tuned with).
+    # Range [1, s] (s of init_factors), monotone; seeds: all ones (the original RoPE: what the method uses without
+    # this search), the long factors, and 1 + t (long - 1) for t = 1/4, 1/2, 3/4.
+    factors_for: str = "long"
 
     def validate(self) -> None:
         if self.algorithm not in ("longrope", "longrope2"):
             raise ConfigError(f"search={self.name}: algorithm must be longrope | longrope2, got {self.algorithm!r}")
+        if self.factors_for not in ("long", "short"):
+            raise ConfigError(f"search={self.name}: factors_for must be long | short, got {self.factors_for!r}")
+        if self.factors_for == "short" and not self.init_factors:
+            raise ConfigError(f"search={self.name}: factors_for=short needs init_factors (the factors file the model "
+                              "was fine-tuned with: its long factors stay, its short factors are searched)")
         if self.fitness not in ("ppl", "needle"):
             raise ConfigError(f"search={self.name}: fitness must be ppl | needle, got {self.fitness!r}")
         if self.parents < 1 or self.population < self.parents:
@@ -151,8 +162,34 @@ def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s:
     return out
 
 
+def short_space(a: SearchArgs, prev: dict) -> Space:
+    """The space of a short-factor search: every pair searched in [1, s] (s of the long factors' file), n_hat fixed
+    at the file's."""
+    s = float(prev["max_position_embeddings"]) / float(prev["original_max_position_embeddings"])
+    return Space(d_half=len(prev["long_factor"]), lo=1.0, hi=max(s, 1.0 + a.step), step=a.step,
+                 n_hat_grid=(int(prev.get("n_hat") or 0),))
+
+
+def short_seeds(space: Space, prev: dict) -> list[Candidate]:
+    """All ones (the original RoPE at length <= C: the longrope method without a recovery search), the long factors
+    (what fine-tuning saw), and the blends ``1 + t (long - 1)``, t = 1/4, 1/2, 3/4 (monotone, as both ends are)."""
+    long = np.asarray(prev["long_factor"], dtype=np.float64)
+    out = [project(1 + t * (long - 1), space, 0) for t in (0.0, 1.0, 0.25, 0.5, 0.75)]
+    for c in out:
+        c.n_hat = space.n_hat_grid[0]
+    return out
+
+
 def factors_file(a: SearchArgs, best: Candidate, fitness: float, C: int, target: int, scale: float,
-                 provenance: dict) -> dict:
+                 provenance: dict, prev: dict | None = None) -> dict:
+    if a.factors_for == "short":  # the searched short factors beside the fine-tuned model's own long factors
+        return {"short_factor": [round(float(v), 6) for v in best.lam], "long_factor": list(prev["long_factor"]),
+                "original_max_position_embeddings": int(C), "max_position_embeddings":
+                int(prev["max_position_embeddings"]), "attention_factor": float(scale),
+                "n_hat": int(prev.get("n_hat") or 0),
+                "provenance": {**provenance, "algorithm": a.algorithm, "best_fitness": fitness,
+                               "factors_for": "short", "short_target": int(target),
+                               "long_factors_from": str(a.init_factors), "critical_pair": 0, "critical_dim": 0}}
     return {"short_factor": [1.0] * len(best.lam), "long_factor": [round(float(v), 6) for v in best.lam],
             "original_max_position_embeddings": int(C), "max_position_embeddings": int(target),
             "attention_factor": float(scale), "n_hat": int(best.n_hat),
@@ -174,17 +211,30 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
 
     a.validate()
     d, base = rotary_dim(model.config), rope_base(model.config)
-    s = target / C
-    if s <= 1:
-        raise ConfigError(f"target_length {target} must exceed the native window {C}")
-    space = build_space(a, d, base, C, s)
-    scale = cd.mscale_of(a.mscale, s, C)
+    short = a.factors_for == "short"
+    prev = None
+    if short:
+        from harness.methods.longrope import load_factors, su_mscale
+
+        prev = load_factors(a.init_factors, d // 2, C)
+        if target > C:
+            raise ConfigError(f"factors_for=short: target_length {target} must be <= the native window {C} (the "
+                              "short factors are used only there)")
+        space = short_space(a, prev)
+        s = float(prev["max_position_embeddings"]) / C
+        scale = float(prev.get("attention_factor") or su_mscale(s, C))
+    else:
+        s = target / C
+        if s <= 1:
+            raise ConfigError(f"target_length {target} must exceed the native window {C}")
+        space = build_space(a, d, base, C, s)
+        scale = cd.mscale_of(a.mscale, s, C)
     if a.fitness == "ppl":
         ids, mask = long_documents(tok, a.dataset, a.split, a.samples, target, a.offset_windows), None
     else:
         ids, mask = needle_documents(tok, a.dataset, a.split, a.samples, target, seed, a.needles,
                                      offset_windows=a.offset_windows)
-    fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype, native_ctx=C)
+    fit = Fitness(model, ids, mask, lambda c: scale, a.batch, a.chunk, dtype, native_ctx=C, fixed_long=prev)
     evo = Evolution(space, a.population, a.mutations, a.crossovers, a.parents, a.mutation_prob, a.crossover_prob,
                     a.max_crossover_tries, seed)
     resumable = {k: v for k, v in asdict(a).items() if k not in ("iterations", "time_budget_s")}  # may grow
@@ -227,7 +277,7 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
         return elapsed0 + time.time() - t0 + est > a.time_budget_s
 
     if not evo.scored:
-        seeds = seed_candidates(a, space, d, base, C, s, seed)
+        seeds = short_seeds(space, prev) if short else seed_candidates(a, space, d, base, C, s, seed)
         evo.initialize(seeds, fit)
         save()
         log(f"init: {len(evo.scored)} candidates, best fitness {evo.best()[0]:.4f} "
@@ -251,7 +301,7 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
                   "iterations": evo.iteration, "progress": progress, "rotary_dim": d, "rope_theta": base,
                   "theoretical_critical_dim": 2 * k_tcd, "mscale_policy": a.mscale, "elapsed_s": round(elapsed, 1),
                   "stopped": stopped, "fitness_metric": "needle_ppl" if a.fitness == "needle" else "ppl"}
-    factors = factors_file(a, best, best_fit, C, target, scale, provenance)
+    factors = factors_file(a, best, best_fit, C, target, scale, provenance, prev)
     info = {"fitness_curve": evo.curve, "best_fitness": best_fit, "evaluations": evo.evaluations,
             "iterations": evo.iteration, "elapsed_s": round(elapsed, 1), "stopped": stopped,
             "progress": progress, "resumes": resumes,

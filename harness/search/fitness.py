@@ -128,18 +128,29 @@ class Fitness:
     ``seconds`` count the scored documents and their wall time."""
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor | None, scale_of, batch: int = 4,
-                 chunk: int = 1024, dtype: str = "auto", native_ctx: int | None = None):
+                 chunk: int = 1024, dtype: str = "auto", native_ctx: int | None = None,
+                 fixed_long: dict | None = None):
         self.model, self.ids, self.mask = model, ids, mask
         self.scale_of, self.batch, self.chunk, self.dtype = scale_of, max(1, int(batch)), chunk, dtype
         self.native_ctx = int(native_ctx or model.config.max_position_embeddings)
-        if ids.shape[1] <= self.native_ctx:
+        self.fixed_long = fixed_long  # a factors file: candidates are its *short* factors (LongRoPE's recovery)
+        if fixed_long is None and ids.shape[1] <= self.native_ctx:
             raise ValueError(f"fitness documents of {ids.shape[1]} tokens do not exceed the native window "
                              f"{self.native_ctx}: the long factors would never be used")
+        if fixed_long is not None and ids.shape[1] > self.native_ctx:
+            raise ValueError(f"short-factor fitness documents of {ids.shape[1]} tokens exceed the native window "
+                             f"{self.native_ctx}: the short factors would never be used")
         self.rows, self.seconds = 0, 0.0
 
     def factors(self, cand) -> dict:
         """The candidate as a factors dict (the format ``harness.search.factors_file`` writes)."""
         lam = [float(v) for v in np.asarray(cand.lam, dtype=np.float64)]
+        if self.fixed_long is not None:
+            f = self.fixed_long
+            return {"short_factor": lam, "long_factor": [float(v) for v in f["long_factor"]],
+                    "original_max_position_embeddings": self.native_ctx,
+                    "max_position_embeddings": int(f["max_position_embeddings"]),
+                    "attention_factor": float(self.scale_of(cand)), "n_hat": int(f.get("n_hat") or 0)}
         return {"short_factor": [1.0] * len(lam), "long_factor": lam,
                 "original_max_position_embeddings": self.native_ctx, "max_position_embeddings": int(self.ids.shape[1]),
                 "attention_factor": float(self.scale_of(cand)), "n_hat": int(cand.n_hat)}

@@ -162,6 +162,9 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    recovered = recover(cfg, handle, method, Path(row["run_dir"]))  # LongRoPE: short factors, on the tuned model
+    if recovered is not None:
+        info["recovery"] = recovered
     if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
         from harness.evals import convergence
 
@@ -172,6 +175,22 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
     handle.tokenizer.save_pretrained(out)
     save_method(out, method)
     info["checkpoint"] = str(out)
+    return info
+
+
+def recover(cfg, handle, method, run_dir: Path) -> dict | None:
+    """LongRoPE's recovery stage (paper Sec. 3.3), after fine-tuning and before the convergence gate, for a method
+    whose ``recovery`` names a short-factor search config (``method.recovery=longrope_short_tiny``): search the
+    factors it uses at length <= C on the fine-tuned model (``harness.search.recover_short_factors``) and use them
+    from then on. Returns what the row records under ``train_info.recovery``; None without such a stage."""
+    name = getattr(method.args, "recovery", "")
+    if not name:
+        return None
+    from harness.search import recover_short_factors
+
+    path, info = recover_short_factors(handle, name, method.resolved["factors_file"], run_dir, int(cfg.seed),
+                                       autocast=str(cfg.get("autocast", "auto")))
+    method.use_factors(handle, path)
     return info
 
 

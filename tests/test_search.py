@@ -486,3 +486,37 @@ def test_short_factor_search_keeps_the_long_factors_and_is_what_the_method_uses_
     with pytest.raises(ValueError, match="exceed the native window"):
         Fitness(model, long_documents(tok, a.dataset, a.split, 1, 2 * C), None, lambda c: 1.0, native_ctx=C,
                 fixed_long=json.loads(trained.read_text()))
+
+
+def test_longrope_recovery_stage_uses_the_searched_short_factors(tmp_path, tok):
+    """method.recovery: after fine-tuning, the pipeline's recovery stage runs the short-factor search on the model and
+    the method uses the result (what the gate, the evaluation and the saved method.json then see)."""
+    from harness.config import ConfigError
+    from harness.methods import build_method
+    from harness.models import ModelHandle
+    from harness.search.fitness import long_documents
+
+    C, target, d = 64, 160, 16
+    model = random_llama(vocab=len(tok), hidden=64, heads=4, ctx=C, seed=6, theta=1000.0)
+    trained = tmp_path / "long.json"
+    trained.write_text(json.dumps({"short_factor": [1.0] * (d // 2), "long_factor": list(cd.pi_factors(d, target / C)),
+                                   "original_max_position_embeddings": C, "max_position_embeddings": target}))
+    meth = build_method({"name": "longrope", "factors": str(trained), "recovery": "longrope_short_tiny"})
+    handle = ModelHandle(model, tok, "random", C, {})
+    meth.apply(handle)
+    digest = meth.params()["factors_sha256"]
+    from omegaconf import OmegaConf
+
+    from harness import pipeline
+
+    info = pipeline.recover(OmegaConf.create({"seed": 0, "autocast": "float32"}), handle, meth, tmp_path)
+    rec = json.loads((tmp_path / "recovered_factors.json").read_text())
+    assert info["factors_file"] == str(tmp_path / "recovered_factors.json") == meth.params()["factors"]
+    assert meth.params()["factors_sha256"] != digest and rec["long_factor"] == list(cd.pi_factors(d, target / C))
+    assert model.config.rope_parameters["short_factor"] == rec["short_factor"]
+    ids = long_documents(tok, "shakespeare", "test", 8, C, offset_windows=2)  # longrope_short_tiny's fitness windows
+    got = math.exp(np.mean([math.log(ppl_with_current_rope(model, ids[j : j + 1], dtype="float32"))
+                            for j in range(8)]))
+    assert got == pytest.approx(info["best_fitness"], rel=1e-5)
+    with pytest.raises(ConfigError, match="no conf/search"):
+        build_method({"name": "longrope", "recovery": "nope"}).check(C)

@@ -177,6 +177,9 @@ class LongRoPE(Method):
         n_hat: int = -1  # start tokens kept un-interpolated; -1 = the file's value (0 if absent)
         attention_factor: float = 0.0  # 0 = the file's value, else su: sqrt(1 + ln s / ln C)
         kv_cache: str = "refresh"  # refresh | stale
+        # "" = none; else a short-factor search config (conf/search/<name>.yaml, factors_for: short) run after
+        # fine-tuning, before the convergence gate: LongRoPE's recovery of the short window (paper Sec. 3.3)
+        recovery: str = ""
 
     def check_data(self, native_ctx: int) -> None:
         load_factors(self.args.factors, None, native_ctx)
@@ -187,6 +190,14 @@ class LongRoPE(Method):
             raise ConfigError(f"method=longrope: need kv_cache in {KV_CACHE_MODES}, attention_factor >= 0 (0 = the "
                               f"file's), n_hat >= -1 (-1 = the file's); got {a.kv_cache!r}, {a.attention_factor}, "
                               f"{a.n_hat}")
+        if a.recovery:
+            from harness.conf_utils import CONF_DIR
+
+            if not (CONF_DIR / "search" / f"{a.recovery}.yaml").is_file():
+                raise ConfigError(f"method.recovery={a.recovery!r}: no conf/search/{a.recovery}.yaml")
+            if train is not None and not getattr(train, "enabled", True):
+                raise ConfigError("method.recovery searches the short factors of a fine-tuned model; with train=none "
+                                  "there is nothing to recover (method.recovery=\"\")")
 
     def apply(self, handle) -> None:
         a = self.args
@@ -195,6 +206,18 @@ class LongRoPE(Method):
         f = load_factors(a.factors, dim // 2, handle.native_ctx)
         got = apply_factors(handle.model, f, switch=a.switch, n_hat=a.n_hat, attention_factor=a.attention_factor,
                             kv_cache=a.kv_cache)
+        self.resolved = {"factors_file": f["path"], **got, "provenance": f.get("provenance", {})}
+
+    def use_factors(self, handle, path: str | Path) -> None:
+        """Put another factors file on the model from now on (LongRoPE's recovery stage, ``pipeline.recover``: the
+        short factors searched on the fine-tuned model); the gate, the evaluation and the saved method.json see it.
+        The decoder's cache hook from ``apply`` stays (it finds the rebuilt rotary module), hence ``stale`` here."""
+        a = self.args
+        _, dim = rope_dims(handle.model.config)
+        f = load_factors(path, dim // 2, handle.native_ctx)
+        got = apply_factors(handle.model, f, switch=a.switch, n_hat=a.n_hat, attention_factor=a.attention_factor,
+                            kv_cache="stale")
+        a.factors = str(path)
         self.resolved = {"factors_file": f["path"], **got, "provenance": f.get("provenance", {})}
 
     def params(self) -> dict:

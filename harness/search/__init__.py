@@ -66,7 +66,8 @@ class SearchArgs:
     # long | short. short = LongRoPE's recovery search (paper Sec. 3.3, "recovering the short context window"):
     # on the fine-tuned model, search the *short* factors (used at length <= C) at target_length <= C, with the long
     # factors, target, attention factor and n_hat fixed from ``init_factors`` (the factors it was fine-tuned with).
-    # Range [1, s] (s of init_factors), monotone; seeds: all ones (the original RoPE: what the method uses without
+    # Range [1, hi_mult * s] (s of init_factors; the paper lowers the maximum, by an amount it does not give),
+    # monotone; seeds: all ones (the original RoPE: what the method uses without
     # this search), the long factors, and 1 + t (long - 1) for t = 1/4, 1/2, 3/4.
     factors_for: str = "long"
 
@@ -163,10 +164,12 @@ def seed_candidates(a: SearchArgs, space: Space, d: int, base: float, C: int, s:
 
 
 def short_space(a: SearchArgs, prev: dict) -> Space:
-    """The space of a short-factor search: every pair searched in [1, s] (s of the long factors' file), n_hat fixed
-    at the file's."""
+    """The space of a short-factor search: every pair searched in [1, hi_mult * s] (s of the long factors' file;
+    hi_mult 0 = 1), n_hat fixed at the file's. The paper "decreases the maximum allowable scale factors" of this
+    search "to encourage less interpolation" at short lengths without saying by how much: ``search.hi_mult`` < 1."""
     s = float(prev["max_position_embeddings"]) / float(prev["original_max_position_embeddings"])
-    return Space(d_half=len(prev["long_factor"]), lo=1.0, hi=max(s, 1.0 + a.step), step=a.step,
+    hi = (a.hi_mult or 1.0) * s
+    return Space(d_half=len(prev["long_factor"]), lo=1.0, hi=max(hi, 1.0 + a.step), step=a.step,
                  n_hat_grid=(int(prev.get("n_hat") or 0),))
 
 
@@ -316,3 +319,33 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
     if not math.isfinite(best_fit):
         log("warning: every candidate had a non-finite fitness")
     return factors, info
+
+
+def recover_short_factors(handle, search: str, factors_file: str | Path, run_dir: str | Path, seed: int = 0,
+                          log=print, autocast: str = "auto") -> tuple[Path, dict]:
+    """LongRoPE's recovery stage (paper Sec. 3.3) inside a run: the short-factor search ``conf/search/<search>.yaml``
+    (``factors_for: short``) on the fine-tuned ``handle.model`` at length C, the long factors fixed from
+    ``factors_file`` (the ones it was fine-tuned with). Writes ``<run_dir>/recovered_factors.json`` (its
+    ``provenance.model_path`` = the run's checkpoint) and returns (that path, what the row records)."""
+    from harness import conf_utils
+    from harness.config import to_args
+
+    node = conf_utils.compose([f"search={search}"], config_name="search_config").search
+    a = to_args(SearchArgs, node, f"search={search}")
+    if a.factors_for != "short":
+        raise ConfigError(f"method.recovery={search}: that search config has factors_for={a.factors_for!r}; the "
+                          "recovery stage needs a short-factor search (factors_for: short)")
+    a.init_factors = str(factors_file)
+    run_dir = Path(run_dir)
+    C = int(handle.native_ctx)
+    t0 = time.time()
+    factors, info = run_search(handle.model, handle.tokenizer, a, C, C, run_dir / "recovery_state.json", seed=seed,
+                               model_name=handle.name, resume=False, log=log, dtype=autocast)
+    factors["provenance"]["model_path"] = str(run_dir / "checkpoint")
+    out = run_dir / "recovered_factors.json"
+    atomic_write_json(out, factors)
+    return out, {"stage": "longrope_recovery", "search": search, "factors_file": str(out),
+                 "long_factors_from": str(factors_file), "best_fitness": info["best_fitness"],
+                 "fitness_curve": info["fitness_curve"], "evaluations": info["evaluations"],
+                 "seconds": round(time.time() - t0, 1), "short_factor": factors["short_factor"]}
+

@@ -210,14 +210,16 @@ class LongRoPE(Method):
 
     def use_factors(self, handle, path: str | Path) -> None:
         """Put another factors file on the model from now on (LongRoPE's recovery stage, ``pipeline.recover``: the
-        short factors searched on the fine-tuned model); the gate, the evaluation and the saved method.json see it.
+        short factors searched on the fine-tuned model); the gate and every evaluator see it, and the saved
+        checkpoint's config carries its rope parameters. ``params()`` stays the configured method (rows of several
+        seeds are one configuration); the row names the recovered file under ``train_info.recovery``, and evaluating
+        the checkpoint later takes ``method.factors=<that file>`` (accepted: it was searched on that checkpoint).
         The decoder's cache hook from ``apply`` stays (it finds the rebuilt rotary module), hence ``stale`` here."""
         a = self.args
         _, dim = rope_dims(handle.model.config)
         f = load_factors(path, dim // 2, handle.native_ctx)
         got = apply_factors(handle.model, f, switch=a.switch, n_hat=a.n_hat, attention_factor=a.attention_factor,
                             kv_cache="stale")
-        a.factors = str(path)
         self.resolved = {"factors_file": f["path"], **got, "provenance": f.get("provenance", {})}
 
     def params(self) -> dict:

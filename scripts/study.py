@@ -6,6 +6,12 @@ row with status ``ok`` and the same config hash already exists, then `make table
     python scripts/study.py --dry-run                        # the plan: which points run, which are done
     python scripts/study.py --jobs 2                         # two points at a time, one thread each
 
+Points start longest first (``--order longest``, the default): each point's expected seconds are the wall seconds of
+the latest ``ok`` row of the same point (the ``point=`` its command named, any seed; points without one first, as
+if longest), and with ``--jobs N`` starting the longest first keeps a long point from being the last one running
+(the classic LPT rule; ``--order given`` keeps the sweep's order). The plan prints the study's expected wall time
+under both orders, simulated from those seconds: an estimate from recorded runs, not a measurement.
+
 The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
 ``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
 the recipe, the suite, the seed. Failed or stale rows never count as done. Each point runs in its own process
@@ -58,9 +64,54 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
     for r in read_rows(results_dir or "results"):
         if r.get("status") == "ok" and r.get("config_hash"):
             done.setdefault(r["config_hash"], r.get("run_id"))
+    seconds = recorded_seconds(results_dir or "results")
     for j in out:
         j["done"] = done.get(j["hash"])
+        j["expected_s"] = seconds.get(point_of(j["overrides"]) or "")
     return out, results_dir or "results"
+
+
+def point_of(overrides) -> str | None:
+    """The ``point=`` a run's overrides (a list, or a recorded command string) name, or None."""
+    words = overrides.split() if isinstance(overrides, str) else overrides
+    return next((w.split("=", 1)[1] for w in reversed(words) if w.startswith("point=")), None)
+
+
+def recorded_seconds(results_dir: str) -> dict[str, float]:
+    """point -> wall seconds (end - start) of the latest ``ok`` row whose command named that point, any seed."""
+    from datetime import datetime
+
+    from harness.results import read_rows
+
+    out: dict[str, tuple[str, float]] = {}
+    for r in read_rows(results_dir):
+        pt = point_of(r.get("command") or "")
+        if r.get("status") != "ok" or not pt or not r.get("time_start") or not r.get("time_end"):
+            continue
+        try:
+            dt = (datetime.fromisoformat(r["time_end"]) - datetime.fromisoformat(r["time_start"])).total_seconds()
+        except (TypeError, ValueError):
+            continue
+        if pt not in out or r["time_start"] > out[pt][0]:
+            out[pt] = (r["time_start"], dt)
+    return {k: v[1] for k, v in out.items()}
+
+
+def expected_wall(seconds: list[float], lanes: int) -> float:
+    """Wall time of running jobs of these durations, in this order, ``lanes`` at a time (each job starts on the
+    first lane to come free)."""
+    free = [0.0] * max(1, lanes)
+    for s in seconds:
+        i = free.index(min(free))
+        free[i] += s
+    return max(free)
+
+
+def order_jobs(jobs: list[dict], how: str) -> list[dict]:
+    """``longest``: by expected seconds, longest first (unknown first); ``given``: the sweep's order."""
+    if how == "given":
+        return list(jobs)
+    return sorted(jobs, key=lambda j: -(j["expected_s"] if j["expected_s"] is not None else float("inf")))
 
 
 def _wait_any(running: dict):
@@ -72,6 +123,21 @@ def _wait_any(running: dict):
         time.sleep(1.0)
 
 
+def print_estimate(jobs: list[dict], todo: list[dict], lanes: int) -> None:
+    """Expected wall time of the points to run and of the whole study, longest first and in the sweep's order,
+    from the recorded seconds of each point (``~?``: no recorded row; left out of the sums and named)."""
+    for what, js in (("to run", todo), ("the whole study", jobs)):
+        known = [j["expected_s"] for j in js if j["expected_s"] is not None]
+        if not js or not known:
+            continue
+        unknown = [j["label"] for j in js if j["expected_s"] is None]
+        lpt = expected_wall(sorted(known, reverse=True), lanes)
+        given = expected_wall(known, lanes)
+        print(f"expected wall time, {what} ({len(known)} points with a recorded run, --jobs {lanes}): "
+              f"{hms(lpt)} longest first, {hms(given)} in the sweep's order (sum {hms(sum(known))}; the longest point "
+              f"{hms(max(known))})" + (f"; no recorded run: {', '.join(unknown)}" if unknown else ""), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: experiment=tiny_study)")
@@ -80,6 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
     ap.add_argument("--jobs", type=int, default=1, help="points run at once, each with cores / jobs threads "
                     "(OMP_NUM_THREADS); on a 2-core CPU 2 x 1 thread finished more points per hour than 1 x 2")
+    ap.add_argument("--order", choices=["longest", "given"], default="longest",
+                    help="start the points with the longest recorded run first (default) or in the sweep's order")
     a = ap.parse_args(argv)
     argv = list(a.overrides)
     if not any(x.startswith("experiment=") for x in argv):
@@ -90,12 +158,15 @@ def main(argv=None) -> int:
     print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
           f"config hash in {results_dir}/runs), {len(todo)} to run", flush=True)
     for i, j in enumerate(jobs, 1):
+        exp = f"  ~{hms(j['expected_s'])}" if j["expected_s"] is not None else "  ~?"
         print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {'done: ' + j['done'] if j['done'] else 'to run'}"
-              f"  (config {j['hash']})", flush=True)
+              f"  (config {j['hash']}){exp}", flush=True)
+    jobs_n = max(1, a.jobs)
+    print_estimate(jobs, todo, jobs_n)
+    todo = order_jobs(todo, a.order)
     if a.dry_run:
         return 0
     failed, times = [], []
-    jobs_n = max(1, a.jobs)
     env = os.environ.copy()
     if jobs_n > 1 or "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs_n))

@@ -65,3 +65,43 @@ def test_ntk_64k_2b_point_trains_on_twice_ntk_64k_tokens():
     one, two = (compose(["experiment=tiny_study", f"point=tiny_study/{p}"]).train for p in ("ntk_64k", "ntk_64k_2b"))
     assert two.seq_len == one.seq_len and two.tokens == 2 * one.tokens
     assert {k: v for k, v in two.items() if k != "tokens"} == {k: v for k, v in one.items() if k != "tokens"}
+
+
+def _study_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study", ROOT / "scripts" / "study.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_study_starts_longest_first_and_estimates_wall_from_recorded_rows(tmp_path):
+    """Expected seconds per point come from the latest ok row naming that point (any seed); the longest start
+    first; the expected wall time is the list schedule of those seconds on --jobs lanes."""
+    st = _study_module()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    rows = [  # (point, start, end, status)
+        ("tiny_study/pi", "2026-01-01T10:00:00+00:00", "2026-01-01T10:10:00+00:00", "ok"),
+        ("tiny_study/pi", "2026-01-02T10:00:00+00:00", "2026-01-02T10:12:00+00:00", "ok"),  # latest: 720 s
+        ("tiny_study/ntk_64k", "2026-01-01T10:00:00+00:00", "2026-01-01T10:50:00+00:00", "ok"),
+        ("tiny_study/base", "2026-01-01T10:00:00+00:00", "2026-01-01T10:05:00+00:00", "ok"),
+        ("tiny_study/landmark", "2026-01-01T10:00:00+00:00", "2026-01-01T11:00:00+00:00", "failed"),
+    ]
+    for i, (pt, t0, t1, status) in enumerate(rows):
+        (runs / f"r{i}.json").write_text(json.dumps({
+            "run_id": f"r{i}", "status": status, "time_start": t0, "time_end": t1,
+            "command": f"run.py point={pt} experiment=tiny_study" + (" data.seed=1" if i == 1 else "")}))
+    sec = st.recorded_seconds(str(tmp_path))
+    assert sec == {"tiny_study/pi": 720.0, "tiny_study/ntk_64k": 3000.0, "tiny_study/base": 300.0}
+    jobs = [{"label": p, "expected_s": sec.get(p)} for p in
+            ("tiny_study/base", "tiny_study/pi", "tiny_study/landmark", "tiny_study/ntk_64k")]
+    assert [j["label"] for j in st.order_jobs(jobs, "longest")] == [
+        "tiny_study/landmark", "tiny_study/ntk_64k", "tiny_study/pi", "tiny_study/base"]
+    assert st.order_jobs(jobs, "given") == jobs
+    # list scheduling on 2 lanes: longest first 3000 | 720+300 -> 3000; in the given order 300+3000 | 720 -> 3300
+    assert st.expected_wall([3000, 720, 300], 2) == 3000 and st.expected_wall([300, 720, 3000], 2) == 3300
+    assert st.expected_wall([300, 720, 3000], 1) == 4020
+    assert st.point_of(["experiment=tiny_study", "point=tiny_study/pi"]) == "tiny_study/pi"
+    assert st.point_of("run.py method=base") is None

@@ -9,6 +9,17 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_file_module(path, name: str | None = None):
+    """The module in the file at ``path`` (a script or benchmark, which are not packages), loaded by its path."""
+    import importlib.util
+
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")

@@ -2,21 +2,15 @@
 CUDA GPU the real mode measures nothing and writes nothing."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_file_module
 
 
 def bench_gpu():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file_module(ROOT / "benchmarks" / "bench_gpu.py")
 
 
 def test_bench_gpu_smoke_runs_every_section(tmp_path):

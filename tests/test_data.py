@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, random_llama
+from conftest import ROOT, load_file_module, random_llama
 
 from harness.data.mixture import (
     long_token_share,
@@ -224,14 +224,11 @@ def test_graded_documents_mark_their_answers_and_plain_text_is_unchanged():
 
 def test_answer_batch_supervises_answers_only(tokenizer):
     """The stage-8 batch: labels are -100 except on the answer tokens, which decode to the marked answers."""
-    import importlib.util
     import random
 
     from harness.data.synthetic import FillerFactory, synthetic_document
 
-    spec = importlib.util.spec_from_file_location("pretrain_tiny", ROOT / "scripts" / "pretrain_tiny.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file_module(ROOT / "scripts" / "pretrain_tiny.py")
     filler = FillerFactory(["a line of filler text here", "another line of plain words"] * 10, 0)
     ids, mask, labels = mod.answer_batch(tokenizer, 6, 256, seed=3, kinds={"lookup": 1.0}, filler=filler)
     assert ids.shape == labels.shape == mask.shape and ids.shape[0] == 6 and ids.shape[1] <= 256

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, load_file_module
 
 from harness.evals import EvalContext
 from harness.evals import _longbench_metrics as M
 from harness.evals.longbench import FIXTURES, LongBench, build_input, load_task, middle_truncate, rescore_file
 from harness.evals.manyshot_trec import BANK, LONGBENCH_TREC_CLASSES, ManyShotTrec, build_records, load_bank
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +128,7 @@ def lm_eval_longbench():
     import importlib.util
 
     root = Path(importlib.util.find_spec("lm_eval").submodule_search_locations[0])
-    spec = importlib.util.spec_from_file_location("lm_eval_longbench_metrics", root / "tasks/longbench/metrics.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file_module(root / "tasks/longbench/metrics.py", "lm_eval_longbench_metrics")
 
 
 LM_EVAL_METRIC = {"qa_f1_score": "get_qa_f1_score", "rouge_score": "get_rouge_score",

@@ -2,22 +2,16 @@
 pin the formulas to hand-computed values and check that the throughput's source is always labelled."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, load_file_module
 
 from harness import plan
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def plan_script():
-    spec = importlib.util.spec_from_file_location("plan_script", ROOT / "scripts" / "plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file_module(ROOT / "scripts" / "plan.py", "plan_script")
 
 
 @pytest.fixture(scope="module")

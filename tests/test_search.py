@@ -406,13 +406,9 @@ def test_progressive_lineage_accepts_factors_searched_on_the_checkpoint(tmp_path
 
 
 def test_progressive_plan_chains_search_finetune_search():
-    import importlib.util
-    from pathlib import Path
+    from conftest import ROOT, load_file_module
 
-    spec = importlib.util.spec_from_file_location("progressive_rope",
-                                                  Path(__file__).resolve().parents[1] / "scripts/progressive_rope.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file_module(ROOT / "scripts" / "progressive_rope.py")
     opts, extra = mod.parse(["stages=1024,2048,4096", "search=longrope2_tiny", "tag=t", "train.tokens=4096",
                              "search.iterations=2", "seed=1"])
     steps = mod.plan(opts, extra)

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, load_file_module
 
 # one cheap point of tiny_study: the frozen base on the quick suite at 2 short lengths
 OVERRIDES = ["experiment=tiny_study", "point=tiny_study/base", "eval=quick", "eval.lengths=[128,256]",
@@ -67,19 +67,10 @@ def test_ntk_64k_2b_point_trains_on_twice_ntk_64k_tokens():
     assert {k: v for k, v in two.items() if k != "tokens"} == {k: v for k, v in one.items() if k != "tokens"}
 
 
-def _study_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("study", ROOT / "scripts" / "study.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_study_starts_longest_first_and_estimates_wall_from_recorded_rows(tmp_path):
     """Expected seconds per point come from the latest ok row naming that point (any seed); the longest start
     first; the expected wall time is the list schedule of those seconds on --jobs lanes."""
-    st = _study_module()
+    st = load_file_module(ROOT / "scripts" / "study.py")
     runs = tmp_path / "runs"
     runs.mkdir()
     rows = [  # (point, start, end, status)

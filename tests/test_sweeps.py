@@ -4,7 +4,6 @@ stand-in ``sbatch``) and the plain sbatch template carry the configured resource
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import pickle
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_file_module
 
 from harness import conf_utils, sweeps
 
@@ -179,9 +178,7 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
 
 
 def test_plain_sbatch_template(tmp_path):
-    spec = importlib.util.spec_from_file_location("render_sbatch", ROOT / "scripts" / "render_sbatch.py")
-    render_sbatch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_sbatch)
+    render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py")
 
     out = tmp_path / "paper_llama2.sbatch"
     render_sbatch.main(["experiment=paper_llama2", f"hydra.searchpath=[file://{_site_conf(tmp_path)}]",

@@ -65,22 +65,22 @@ study: setup ## the whole tiny study, resumable (a point with an ok row of the s
 TINY := harness/assets/tiny_llama
 KINDS6 := cued=0.15,lookup=0.25,multivalue=0.12,chain=0.18,repeat=0.08,recall=0.07,entities=0.1,kv=0.05
 KINDS7 := lookup=0.35,multivalue=0.12,chain=0.22,entities=0.08,cued=0.1,repeat=0.06,recall=0.04,kv=0.03
-tiny-model: setup ## re-pretrain the shipped tiny_llama: 7 stages, ~2.5 h on 2 cores (see its model card)
-	$(PY) scripts/pretrain_tiny.py --out .cache/tiny/s1 --steps 1400 --lr 2e-3 --natural-share 0.45 --gate-samples 0
-	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s1 --out .cache/tiny/s2 --steps 1200 --lr 1.5e-3 --natural-share 0.3 --gate-samples 0
+tiny-model: setup ## re-pretrain the shipped tiny_llama: 7 stages, ~2.5 h on 2 cores (see its model card); PRETRAIN_ARGS="--device cuda" on a GPU
+	$(PY) scripts/pretrain_tiny.py --out .cache/tiny/s1 --steps 1400 --lr 2e-3 --natural-share 0.45 --gate-samples 0 $(PRETRAIN_ARGS)
+	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s1 --out .cache/tiny/s2 --steps 1200 --lr 1.5e-3 --natural-share 0.3 --gate-samples 0 $(PRETRAIN_ARGS)
 	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s2 --out .cache/tiny/s3 --steps 600 --lr 1.5e-3 --natural-share 0.2 \
-		--kind-weights repeat=0.45,retrieval=0.25,kv=0.2,recall=0.1 --gate-samples 0
+		--kind-weights repeat=0.45,retrieval=0.25,kv=0.2,recall=0.1 --gate-samples 0 $(PRETRAIN_ARGS)
 	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s3 --out .cache/tiny/s4 --steps 1100 --lr 1e-3 --warmup 30 \
-		--natural-share 0 --kind-weights cued=1 --schedule constant --gate-samples 0
+		--natural-share 0 --kind-weights cued=1 --schedule constant --gate-samples 0 $(PRETRAIN_ARGS)
 	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s4 --out .cache/tiny/s5 --steps 500 --lr 1e-3 --warmup 10 \
-		--natural-share 0.25 --kind-weights cued=0.7,repeat=0.15,retrieval=0.05,kv=0.05,recall=0.05 --gate-samples 0
+		--natural-share 0.25 --kind-weights cued=0.7,repeat=0.15,retrieval=0.05,kv=0.05,recall=0.05 --gate-samples 0 $(PRETRAIN_ARGS)
 	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s5 --out .cache/tiny/s6 --seq-len 512 --rope-theta 500 \
-		--steps 2400 --lr 1e-3 --warmup 100 --natural-share 0.4 --kind-weights $(KINDS6) --gate-samples 0
+		--steps 2400 --lr 1e-3 --warmup 100 --natural-share 0.4 --kind-weights $(KINDS6) --gate-samples 0 $(PRETRAIN_ARGS)
 	$(PY) scripts/pretrain_tiny.py --init-from .cache/tiny/s6 --out .cache/tiny/s7 --seq-len 512 --rope-theta 500 \
-		--steps 3000 --lr 1e-3 --warmup 50 --natural-share 0.25 --long-share 0.3 --kind-weights $(KINDS7) --gate-samples 0
+		--steps 3000 --lr 1e-3 --warmup 50 --natural-share 0.25 --long-share 0.3 --kind-weights $(KINDS7) --gate-samples 0 $(PRETRAIN_ARGS)
 	cp .cache/tiny/s7/model.safetensors .cache/tiny/s7/config.json .cache/tiny/s7/generation_config.json \
 		.cache/tiny/s7/tokenizer.json .cache/tiny/s7/tokenizer_config.json .cache/tiny/s7/pretrain_stats.json $(TINY)/
-	$(PY) scripts/pretrain_tiny.py --gate-only --out $(TINY)
+	$(PY) scripts/pretrain_tiny.py --gate-only --out $(TINY) $(PRETRAIN_ARGS)
 
 clean: ## remove run outputs and caches (keeps results/)
 	rm -rf outputs .cache

@@ -13,6 +13,11 @@ Training data: natural text (train splits of the Shakespeare plays and CPython s
 documents (``harness.data.synthetic``: varied wording, separators, fillers; never an evaluation template), packed
 into windows of C. ``--answer-batch`` adds, per step, graded-retrieval documents whose loss is on their answers
 only (``answer_batch``): the associative-recall curriculum of the last stage.
+
+On a GPU: ``--device cuda`` (``auto``, the default, picks CUDA when there is one) trains there in bf16 autocast;
+``make tiny-model PRETRAIN_ARGS="--device cuda"`` runs every stage so. A fresh first stage may change the sizes
+(``--layers --hidden --heads --intermediate``; a continued stage keeps its parent's). Each stage records its device
+in ``pretrain_stats.json`` and the card's stage table.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ import torch
 
 from harness.data import sources
 from harness.data.synthetic import FillerFactory, synthetic_document
-from harness.evals.common import autocast
+from harness.device import autocast
 from harness.models.tiny_llama import ASSET_DIR, SPECIAL_TOKENS, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,15 +171,36 @@ def copy_batch(batch: int, pool: torch.Tensor, gen: torch.Generator, seq: int = 
     return torch.stack(rows)
 
 
+ARCH = ("layers", "hidden", "heads", "intermediate")
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: CUDA when available, else CPU; ``cuda`` without a GPU is an error, not a silent CPU run."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pretrain_tiny: --device cuda but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def device_label(device: torch.device, threads: int) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)"
+
+
 def pretrain(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     rng = random.Random(args.seed)
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    sizes = {k: getattr(args, k) for k in ARCH if getattr(args, k) is not None}
+    if args.init_from and sizes:
+        raise SystemExit(f"pretrain_tiny: {', '.join('--' + k for k in sizes)} only apply to a fresh model; "
+                         f"a stage continued --init-from keeps its parent's sizes")
     if args.init_from:  # continue pretraining (a later stage): same tokenizer, weights from the previous stage
         tok = AutoTokenizer.from_pretrained(args.init_from)
         tok.save_pretrained(out)
@@ -190,10 +216,12 @@ def pretrain(args):
         synth = [synthetic_document(rng, filler, rng.randint(30, 250)) for _ in range(20000)]
         tok = train_tokenizer(corpus + synth, args.vocab, out)
         config = tiny_config(vocab_size=len(tok), rope_theta=args.rope_theta, bos=tok.bos_token_id,
-                             eos=tok.eos_token_id, pad=tok.pad_token_id, native_ctx=args.seq_len)
+                             eos=tok.eos_token_id, pad=tok.pad_token_id, native_ctx=args.seq_len, **sizes)
         model = LlamaForCausalLM(config)
         previous = None
-    print(f"tokenizer: {len(tok)} tokens ({time.time() - t0:.0f}s)", flush=True)
+    model.to(device)
+    print(f"tokenizer: {len(tok)} tokens ({time.time() - t0:.0f}s); training on {device_label(device, args.threads)}",
+          flush=True)
 
     if args.kind_weights:  # e.g. "repeat=0.45,retrieval=0.25,kv=0.2,recall=0.1" (copy-heavy curriculum stage)
         from harness.data.synthetic import set_kind_weights
@@ -230,7 +258,7 @@ def pretrain(args):
     if (ckpt / "state.pt").exists():  # a killed stage restarts where its last checkpoint left it
         from safetensors.torch import load_model
 
-        load_model(model, str(ckpt / "model.safetensors"))
+        load_model(model, str(ckpt / "model.safetensors"), device=str(device))
         st = torch.load(ckpt / "state.pt", weights_only=True)
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
@@ -244,12 +272,14 @@ def pretrain(args):
         batch = torch.from_numpy(data[step * args.batch : (step + 1) * args.batch].astype(np.int64))
         if step < args.copy_warmup:
             batch = copy_batch(args.batch, pool, copy_gen, args.seq_len)
-        with autocast(torch.device("cpu"), "auto"):
+        batch = batch.to(device)
+        with autocast(device, "auto"):
             loss = lm_loss = model(input_ids=batch, labels=batch).loss
         if args.answer_batch:  # the associative-recall curriculum: answer-only loss on graded documents
             ids, mask, labels = answer_batch(tok, args.answer_batch, args.seq_len, args.seed * 1_000_003 + step,
                                              answer_kinds, answer_filler)
-            with autocast(torch.device("cpu"), "auto"):
+            ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+            with autocast(device, "auto"):
                 answer_loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             answer_losses.append(answer_loss.item())
             loss = loss + args.answer_weight * answer_loss
@@ -276,6 +306,7 @@ def pretrain(args):
                         "answer_losses": torch.tensor(answer_losses), "rng": torch.get_rng_state()}, tmp / "state.pt")
             shutil.rmtree(ckpt, ignore_errors=True)
             tmp.rename(ckpt)
+    model.to("cpu")
     if args.save_dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
@@ -293,6 +324,9 @@ def pretrain(args):
         "answer_kinds": args.answer_kinds if args.answer_batch else "",
         "final_answer_loss": float(np.mean(answer_losses[-50:])) if answer_losses else None,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
+        "device": device_label(device, args.threads),
+        "architecture": {"layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
+                         "heads": model.config.num_attention_heads, "intermediate": model.config.intermediate_size},
         "command": "python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:]),
         "params": sum(p.numel() for p in model.parameters()),
     }
@@ -373,8 +407,10 @@ def write_card(out: Path, g: dict):
                      + (f", whole-window slices {st['long_share']}" if st.get("long_share") else "") + ", kinds "
                      f"{st.get('kind_weights', 'default')}, theta {st.get('rope_theta')} | {st['final_loss']:.3f} | "
                      f"{st['wall_seconds']} s |")
+    devices = sorted({st["device"] for st in stats.get("stages") or [] if st.get("device")})
+    where = "2 CPU cores" if not devices else ", ".join(devices)  # stages before devices were recorded: this CPU
     lines += ["", f"Total: {stats['steps']} steps, {stats['tokens']:,} tokens, {stats['wall_seconds']} s of "
-              "pretraining on 2 CPU cores; parameters: " + f"{stats['params']:,}.",
+              f"pretraining on {where}; parameters: " + f"{stats['params']:,}.",
               "<!-- GATE:END -->"]
     card = out / "README.md"
     text = card.read_text() if card.exists() else "# tiny_llama\n\n<!-- GATE:BEGIN --><!-- GATE:END -->\n"
@@ -398,6 +434,11 @@ def main():
     ap.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where to train (auto: CUDA when available); bf16 autocast on CUDA and on bf16-capable CPUs")
+    for k in ARCH:
+        ap.add_argument(f"--{k}", type=int, default=None,
+                        help=f"model {k} of a fresh model (default: tiny_config's; not with --init-from)")
     ap.add_argument("--gate-samples", type=int, default=50, help="prompts per gate check (0: no gate)")
     ap.add_argument("--gate-only", action="store_true")
     ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")

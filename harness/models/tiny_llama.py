@@ -15,12 +15,14 @@ ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_llama"
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<landmark>"]
 
 
-def tiny_config(vocab_size: int, rope_theta: float, bos: int, eos: int, pad: int, native_ctx: int = 512):
+def tiny_config(vocab_size: int, rope_theta: float, bos: int, eos: int, pad: int, native_ctx: int = 512,
+                layers: int = 4, hidden: int = 256, heads: int = 4, intermediate: int = 688):
+    """The shipped model's configuration (the defaults); a larger base for a GPU session changes the sizes."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=native_ctx,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=native_ctx,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta}, tie_word_embeddings=False,
         bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, rms_norm_eps=1e-5,
     )

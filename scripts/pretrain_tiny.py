@@ -187,6 +187,37 @@ def device_label(device: torch.device, threads: int) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({threads} threads)"
 
 
+def expand_layers(model, n: int) -> list[int]:
+    """Block expansion (LLaMA Pro, Wu et al. 2024): insert ``n`` decoder blocks, spread evenly, each a copy of the
+    block before it with its output projections (attention ``o_proj``, MLP ``down_proj``) set to zero, so that the
+    new block adds nothing to the residual stream: the expanded model computes exactly what the original did, and a
+    continued stage trains the added depth from there. Returns the new blocks' indices."""
+    import copy
+
+    layers = list(model.model.layers)
+    every = max(1, len(layers) // n) if n else 0
+    out, added = [], []
+    for i, layer in enumerate(layers):
+        out.append(layer)
+        if len(added) < n and (i + 1) % every == 0:
+            new = copy.deepcopy(layer)
+            torch.nn.init.zeros_(new.self_attn.o_proj.weight)
+            torch.nn.init.zeros_(new.mlp.down_proj.weight)
+            added.append(len(out))
+            out.append(new)
+    while len(added) < n:  # more new blocks than old ones: the rest after the last
+        new = copy.deepcopy(out[-1])
+        torch.nn.init.zeros_(new.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(new.mlp.down_proj.weight)
+        added.append(len(out))
+        out.append(new)
+    for idx, layer in enumerate(out):  # the KV cache addresses layers by index
+        layer.self_attn.layer_idx = idx
+    model.model.layers = torch.nn.ModuleList(out)
+    model.config.num_hidden_layers = len(out)
+    return added
+
+
 def pretrain(args):
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -198,6 +229,8 @@ def pretrain(args):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     sizes = {k: getattr(args, k) for k in ARCH if getattr(args, k) is not None}
+    if args.expand_layers and not args.init_from:
+        raise SystemExit("pretrain_tiny: --expand-layers grows a model given by --init-from")
     if args.init_from and sizes:
         raise SystemExit(f"pretrain_tiny: {', '.join('--' + k for k in sizes)} only apply to a fresh model; "
                          f"a stage continued --init-from keeps its parent's sizes")
@@ -210,6 +243,9 @@ def pretrain(args):
         model.config.rope_parameters = {**model.config.rope_parameters, "rope_theta": args.rope_theta}
         model.config.max_position_embeddings = args.seq_len
         model.model.rotary_emb.__init__(model.config)
+        if args.expand_layers:
+            added = expand_layers(model, args.expand_layers)
+            print(f"block expansion: {args.expand_layers} new blocks at {added}", flush=True)
     else:
         corpus = [d.text for d in sources.shakespeare("train")] + [d.text for d in sources.python_stdlib("train")]
         filler = FillerFactory(corpus[:20] + corpus[-20:], args.seed)
@@ -324,7 +360,7 @@ def pretrain(args):
         "answer_kinds": args.answer_kinds if args.answer_batch else "",
         "final_answer_loss": float(np.mean(answer_losses[-50:])) if answer_losses else None,
         "final_loss": float(np.mean(losses[-50:])), "wall_seconds": round(time.time() - t0),
-        "device": device_label(device, args.threads),
+        "device": device_label(device, args.threads), "expand_layers": args.expand_layers,
         "architecture": {"layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
                          "heads": model.config.num_attention_heads, "intermediate": model.config.intermediate_size},
         "command": "python scripts/pretrain_tiny.py " + " ".join(sys.argv[1:]),
@@ -439,6 +475,8 @@ def main():
     for k in ARCH:
         ap.add_argument(f"--{k}", type=int, default=None,
                         help=f"model {k} of a fresh model (default: tiny_config's; not with --init-from)")
+    ap.add_argument("--expand-layers", type=int, default=0,
+                    help="with --init-from: insert N identity-initialised blocks (LLaMA Pro block expansion)")
     ap.add_argument("--gate-samples", type=int, default=50, help="prompts per gate check (0: no gate)")
     ap.add_argument("--gate-only", action="store_true")
     ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")

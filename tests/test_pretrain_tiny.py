@@ -42,3 +42,26 @@ def test_cuda_without_a_gpu_is_one_clear_error(tmp_path):
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == \
         "pretrain_tiny: --device cuda but torch sees no CUDA device"
+
+
+def test_block_expansion_keeps_the_function_and_renumbers_the_cache():
+    """LLaMA Pro's block expansion: the grown model computes what the original did (new blocks start as identity:
+    zero output projections), its layers are numbered for the KV cache, and decoding with the cache still agrees."""
+    from conftest import load_file_module, random_llama
+
+    pt = load_file_module(ROOT / "scripts" / "pretrain_tiny.py")
+    model = random_llama(layers=3).eval()
+    x = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        before = model(x).logits
+        greedy = model.generate(x[:1, :20], max_new_tokens=6, do_sample=False)
+    added = pt.expand_layers(model, 2)
+    assert added == [1, 3] and model.config.num_hidden_layers == 5 == len(model.model.layers)
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == [0, 1, 2, 3, 4]
+    for i in added:
+        assert not model.model.layers[i].self_attn.o_proj.weight.any()
+        assert not model.model.layers[i].mlp.down_proj.weight.any()
+        assert model.model.layers[i].self_attn.q_proj.weight.any()  # a copy of its neighbour, not blank
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, before)
+        assert torch.equal(model.generate(x[:1, :20], max_new_tokens=6, do_sample=False), greedy)

@@ -387,6 +387,58 @@ def _lookup(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     return sep.join(([intro] if intro else []) + body + qa)
 
 
+FREE_MODIFIERS = ["", "", "", "secret ", "hidden ", "assigned ", "registered ", "lucky ", "private ", "official ",
+                  "unique ", "stored ", "recorded ", "chosen ", "current "]
+FREE_NOUNS = LOOKUP_NOUNS + ["pin", "password", "serial", "ticket", "reference", "access code", "digit string",
+                             "record number", "identifier", "token"]
+FREE_STATEMENTS = [
+    "The {np} for {k} is{c} {v}.", "One of the {nps} for {k} is{c} {v}.", "{k} has the {np} {v}.",
+    "The {np} of {k}{c} {v}", "For {k}, the {np} is {v}.", "{k}: {np} {v}.", "Note: the {np} assigned to {k} is {v}.",
+    "{k} was given the {np} {v}.", "Here is a {np} for {k}: {v}.", "We recorded {v} as the {np} of {k}.",
+    "A {np} that belongs to {k} is {v}.", "The {np} linked to {k} reads {v}.",
+]
+FREE_WHERE = ["", "", " mentioned above", " mentioned in the text", " in the notes above", " given earlier",
+              " stated in the document", " from the list", " written before", " mentioned in this text"]
+FREE_QUESTIONS = [
+    "What is the {np} for {k}{w}?", "Which {np} was given to {k}{w}?", "Tell me the {np} of {k}{w}.",
+    "What {np} does {k} have{w}?", "Find the {np} for {k}{w}.", "Question: the {np} of {k}{w}?",
+    "Can you recall the {np} for {k}{w}?", "Now, what was the {np} of {k}{w}?",
+]
+FREE_ANSWERS = ["The {np} for {k}{w} is", "The {np} of {k} is", "{k}'s {np} is", "Answer:", "It is", "The answer is",
+                "The {np} is", "For {k}, it is", "{k} ->", "The {np} for {k}{w} was", "Sure. The {np} is"]
+FREE_INTROS = ["", "", "Some {nps} are listed in the text below. Remember them; questions follow.",
+               "Several {nps} appear below, among other text. You will be asked about them.",
+               "Read carefully: a few {nps} are stated in this document.", "Keep track of the {nps} below."]
+
+
+def _lookup_free(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
+    """Multi-key retrieval with compositional wording: like ``lookup``, but the value's name (modifier + noun), the
+    statement, question, answer prefix, their punctuation and an optional instruction are drawn independently from
+    several lists (about 10^5 combinations rather than ``lookup``'s 13 x 9 x 15), so that a look-up learned on them
+    cannot be tied to one phrasing."""
+    n_keys = rng.randint(2, 7)
+    ks, vs = rng.randrange(6), rng.randrange(5)
+    keys = _distinct(rng, n_keys, lambda: _key(rng, ks))
+    vals = [str(rng.randint(10 ** 6, 10 ** 7 - 1)) if vs == 4 else _lookup_value(rng, vs) for _ in keys]
+    np_ = rng.choice(FREE_MODIFIERS) + rng.choice(FREE_NOUNS)
+    nps = _plural(np_)
+    stmt, c = rng.choice(FREE_STATEMENTS), rng.choice(["", ":"])
+    lines = [stmt.format(np=np_, nps=nps, k=k, v=v, c=c) for k, v in zip(keys, vals)]
+    rng.shuffle(lines)
+    sep = rng.choice(SEPARATORS)
+    asked = rng.sample(range(len(keys)), rng.randint(1, min(3, len(keys))))
+    qa = []
+    for i in asked:
+        w = rng.choice(FREE_WHERE)
+        q = rng.choice(FREE_QUESTIONS).format(np=np_, k=keys[i], w=w)
+        a = rng.choice(FREE_ANSWERS).format(np=np_, k=keys[i], w=w)
+        qa.append(f"{q}{rng.choice([' ', chr(10)])}{a} {_answer(vals[i])}")
+    intro = rng.choice(FREE_INTROS).format(nps=nps)
+    room = budget - count(sep.join([intro] + lines + qa)) - 3
+    body = _fill_around(rng, filler, room, count, lines)
+    return sep.join(([intro] if intro else []) + body + qa)
+
+
 def _multivalue(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
     """Multi-value retrieval: one key stated with 2-4 values at separate places (plus 0-2 distractor keys with their
     own values); the question asks for every value of the key, answered in order of appearance."""
@@ -496,7 +548,8 @@ def _entities(rng, filler: FillerFactory, budget: int, count: Counter) -> str:
 
 
 KINDS = {"retrieval": _retrieval, "kv": _kv, "recall": _recall, "repeat": _repeat, "cued": _cued,
-         "lookup": _one_shot(_lookup), "multivalue": _one_shot(_multivalue), "chain": _one_shot(_chain),
+         "lookup": _one_shot(_lookup), "lookup_free": _one_shot(_lookup_free), "multivalue": _one_shot(_multivalue),
+         "chain": _one_shot(_chain),
          "entities": _entities}
 KIND_WEIGHTS = {"retrieval": 0.40, "kv": 0.30, "recall": 0.10, "repeat": 0.20}  # ``cued``: pretraining stages only
 

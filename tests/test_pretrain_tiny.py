@@ -65,3 +65,21 @@ def test_block_expansion_keeps_the_function_and_renumbers_the_cache():
     with torch.no_grad():
         assert torch.equal(model(x).logits, before)
         assert torch.equal(model.generate(x[:1, :20], max_new_tokens=6, do_sample=False), greedy)
+
+
+def test_ruler_key_probe_swaps_the_keys(capsys):
+    """The model card's key probe: with ``--keys train`` the needles' keys come from the training vocabulary."""
+    from conftest import load_file_module
+
+    from harness.data import synthetic as S
+    from harness.evals import _ruler_data as R
+
+    probe = load_file_module(ROOT / "scripts" / "ruler_key_probe.py")
+    original = R.niah_words
+    try:
+        probe.main(["--keys", "train", "--samples", "2", "--length", "512"])
+        assert set(R.niah_words()) == {f"{a}-{n}" for a in S.ADJS for n in S.NOUNS}
+    finally:
+        R.niah_words = original
+    out = capsys.readouterr().out
+    assert all(f"{t} at 512, keys train:" in out for t in probe.TASKS) and "(n = 2)" in out

@@ -194,23 +194,23 @@ def expand_layers(model, n: int) -> list[int]:
     continued stage trains the added depth from there. Returns the new blocks' indices."""
     import copy
 
+    def identity_copy(layer):
+        new = copy.deepcopy(layer)
+        torch.nn.init.zeros_(new.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(new.mlp.down_proj.weight)
+        return new
+
     layers = list(model.model.layers)
     every = max(1, len(layers) // n) if n else 0
     out, added = [], []
     for i, layer in enumerate(layers):
         out.append(layer)
         if len(added) < n and (i + 1) % every == 0:
-            new = copy.deepcopy(layer)
-            torch.nn.init.zeros_(new.self_attn.o_proj.weight)
-            torch.nn.init.zeros_(new.mlp.down_proj.weight)
             added.append(len(out))
-            out.append(new)
+            out.append(identity_copy(layer))
     while len(added) < n:  # more new blocks than old ones: the rest after the last
-        new = copy.deepcopy(out[-1])
-        torch.nn.init.zeros_(new.self_attn.o_proj.weight)
-        torch.nn.init.zeros_(new.mlp.down_proj.weight)
         added.append(len(out))
-        out.append(new)
+        out.append(identity_copy(out[-1]))
     for idx, layer in enumerate(out):  # the KV cache addresses layers by index
         layer.self_attn.layer_idx = idx
     model.model.layers = torch.nn.ModuleList(out)

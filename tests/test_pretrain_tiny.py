@@ -75,11 +75,14 @@ def test_ruler_key_probe_swaps_the_keys(capsys):
     from harness.evals import _ruler_data as R
 
     probe = load_file_module(ROOT / "scripts" / "ruler_key_probe.py")
-    original = R.niah_words
+    saved = R.niah_words, R.RULER_NIAH_NEEDLE, R.RULER_TASKS
+    tasks_before = repr(R.RULER_TASKS)
     try:
-        probe.main(["--keys", "train", "--samples", "2", "--length", "512"])
+        probe.main(["--keys", "train", "--samples", "2", "--length", "512", "--noun", "secret"])
         assert set(R.niah_words()) == {f"{a}-{n}" for a in S.ADJS for n in S.NOUNS}
+        assert R.RULER_NIAH_NEEDLE.startswith("One of the secret ") and "special magic" not in repr(R.RULER_TASKS)
+        assert repr(saved[2]) == tasks_before  # the templates themselves are not edited
     finally:
-        R.niah_words = original
+        R.niah_words, R.RULER_NIAH_NEEDLE, R.RULER_TASKS = saved
     out = capsys.readouterr().out
-    assert all(f"{t} at 512, keys train:" in out for t in probe.TASKS) and "(n = 2)" in out
+    assert all(f"{t} at 512, keys train, noun secret:" in out for t in probe.TASKS) and "(n = 2)" in out

@@ -61,10 +61,11 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
         label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)
         out.append({"overrides": ov, "hash": h, "label": label, "done": None})
     done = {}
-    for r in read_rows(results_dir or "results"):
+    rows = list(read_rows(results_dir or "results"))
+    for r in rows:
         if r.get("status") == "ok" and r.get("config_hash"):
             done.setdefault(r["config_hash"], r.get("run_id"))
-    seconds = recorded_seconds(results_dir or "results")
+    seconds = seconds_by_point(rows)
     for j in out:
         j["done"] = done.get(j["hash"])
         j["expected_s"] = seconds.get(point_of(j["overrides"]) or "")
@@ -78,13 +79,18 @@ def point_of(overrides) -> str | None:
 
 
 def recorded_seconds(results_dir: str) -> dict[str, float]:
+    """point -> wall seconds of the latest ``ok`` row of that point in ``results_dir`` (``seconds_by_point``)."""
+    from harness.results import read_rows
+
+    return seconds_by_point(read_rows(results_dir))
+
+
+def seconds_by_point(rows) -> dict[str, float]:
     """point -> wall seconds (end - start) of the latest ``ok`` row whose command named that point, any seed."""
     from datetime import datetime
 
-    from harness.results import read_rows
-
     out: dict[str, tuple[str, float]] = {}
-    for r in read_rows(results_dir):
+    for r in rows:
         pt = point_of(r.get("command") or "")
         if r.get("status") != "ok" or not pt or not r.get("time_start") or not r.get("time_end"):
             continue

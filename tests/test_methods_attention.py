@@ -315,6 +315,68 @@ def test_landmark_retrieval_of_all_blocks_equals_full_grouped_softmax_and_traini
     model.eval()
 
 
+def naive_landmark_retrieval(q, k, v, is_mem_new, scale, mem_freq, top_k):
+    """run_test.py / llama_mem.py's retrieval, one query and one head at a time: landmark keys at their synthetic
+    positions, top-k blocks by q . landmark key, each retrieved block's keys re-rotated to its slot before the
+    current block, then the grouped softmax over [retrieved blocks, incomplete block of the cache + chunk]."""
+    _, h, lq, d = q.shape
+    kv, g, block = k.shape[2], h // k.shape[1], mem_freq + 1
+    past = kv - lq
+    full = past - past % block
+    nm = full // block
+    top = min(top_k, nm)
+    prefix_len = full - (top + 1) * block
+    is_mem_main = torch.cat([torch.zeros(kv - full - lq, dtype=torch.bool), is_mem_new])
+    blk_main = torch.cumsum(is_mem_main.long(), 0) - is_mem_main.long() + top
+    out = torch.zeros(1, h, lq, d, dtype=torch.float64)
+    for hh in range(h):
+        kh, vh = k[0, hh // g].double(), v[0, hh // g].double()
+        for i in range(lq):
+            qi = q[0, hh, i].double()
+            lm = []
+            for j in range(nm):
+                slot = j - (nm - top) + 1 if j >= nm - top else 0
+                idx = j * block + mem_freq
+                lm.append(float(qi @ rot(kh[idx], prefix_len + mem_freq + block * slot - idx, d)))
+            sel = sorted(torch.tensor(lm).topk(top).indices.tolist())
+            s, mem, same, bucket, vals = [], [], [], [], []
+            for r, j in enumerate(sel):
+                delta = prefix_len + r * block + (block if j >= nm - top else 0) - j * block
+                for t in range(block):
+                    s.append(float(qi @ rot(kh[j * block + t], delta, d)) * scale)
+                    mem.append(t == mem_freq), same.append(False), bucket.append(r), vals.append(vh[j * block + t])
+            qm = kv - full - lq + i
+            for m in range(qm + 1):
+                s.append(float(qi @ kh[full + m]) * scale)
+                mem.append(bool(is_mem_main[m])), same.append(bool(blk_main[m] == blk_main[qm]))
+                bucket.append(int(blk_main[m])), vals.append(vh[full + m])
+            n = len(s)
+            p = grouped_softmax(torch.tensor(s, dtype=torch.float64), torch.ones(n, dtype=torch.bool),
+                                torch.tensor(mem), torch.tensor(same), torch.tensor(bucket), max(bucket) + 1)
+            out[0, hh, i] = p @ torch.stack(vals)
+    return out
+
+
+@pytest.mark.parametrize("past,lq,top_k", [(43, 10, 2), (40, 1, 3), (61, 7, 9)])
+def test_landmark_retrieval_equals_one_query_at_a_time(past, lq, top_k):
+    """The vectorised retrieval (per query and head: top-k blocks, re-rotation to synthetic slots, grouped softmax)
+    equals the original's arithmetic written one query and one head at a time, with grouped KV heads, a chunk that
+    starts inside a block, single-token decoding, and top_k above the number of complete blocks."""
+    from harness.methods.landmark import _retrieval
+
+    mem_freq, d, h, n_kv = 7, 8, 4, 2
+    kv = past + lq
+    g = torch.Generator().manual_seed(past)
+    q = torch.randn(1, h, lq, d, generator=g)
+    k = torch.randn(1, n_kv, kv, d, generator=g)
+    v = torch.randn(1, n_kv, kv, d, generator=g)
+    is_mem_new = (torch.arange(past, kv) % (mem_freq + 1)) == mem_freq
+    valid = torch.ones(1, kv, dtype=torch.bool)
+    got = _retrieval(q, k, v, is_mem_new[None], valid, 0.35, 4, mem_freq, top_k, inv_freq(d))
+    want = naive_landmark_retrieval(q, k, v, is_mem_new, 0.35, mem_freq, top_k)
+    assert (got.double() - want).abs().max() <= 1e-5
+
+
 def test_landmark_right_padding():
     model = random_llama(kv_heads=2)
     Landmark(Landmark.Args(mem_freq=7, train_len=48, top_k=1, q_block=16)).apply(handle_of(model, tok=LandmarkTok()))

@@ -42,8 +42,10 @@ This implementation:
   not (blocks would be misaligned). The optional CPU offloading / ``max_over_tokens`` aggregation and the Triton
   kernel are not reproduced. ``top_k: 0`` = no retrieval: one pass of grouped softmax over the whole input.
 
-Tiny scaling: the original block (64) and training length (512) are kept: 512 = 2C for tiny_llama (C = 256; for
-LLaMA-2 it is C/8). With retrieval, query-key distances stay below ~512, inside the trained range, at any length.
+Tiny scaling: the original block (64) and training length (512) are kept: 512 = C for tiny_llama (C = 512; for
+LLaMA-2 it is C/8). The study's 8C training sequences are split into 512-token pieces (Table 7 of Lu et al.: Landmark
+gets the same tokens and batch as every method), so tokens per step match the other points. With retrieval,
+query-key distances stay below ~512, inside the trained range, at any length.
 """
 from __future__ import annotations
 
@@ -155,8 +157,8 @@ def _retrieval(q, k, v, is_mem_new, valid, scale, q_block, mem_freq, top_k, inv)
     rank = torch.arange(top, device=dev)
     slot_start = prefix_len + rank * block + torch.where(sel >= nm - top, block, 0)
     delta = slot_start - sel * block  # [B, H, lq, top]
-    past_k = k[:, :, :full].reshape(b, n_kv, nm, block, d)[:, head_kv]  # [B, H, nm, block, D]
-    past_v = v[:, :, :full].reshape(b, n_kv, nm, block, d)[:, head_kv]
+    past_k = k[:, :, :full].reshape(b, n_kv, nm, block, d)  # [B, Hkv, nm, block, D]
+    past_v = v[:, :, :full].reshape(b, n_kv, nm, block, d)
     # main part: the incomplete block of the cache + the chunk
     km, vm = k[:, :, full:], v[:, :, full:]
     n_main = kv - full
@@ -169,17 +171,19 @@ def _retrieval(q, k, v, is_mem_new, valid, scale, q_block, mem_freq, top_k, inv)
     pref_bucket = torch.arange(top * block, device=dev) // block
     nb = int(blk_main.max()) + 1 if n_main else top + 1
     bi = torch.arange(b, device=dev)[:, None, None, None]
-    hi = torch.arange(h, device=dev)[None, :, None, None]
+    hi = head_kv[None, :, None, None]
     qg = bw.group_q(q, n_kv)
     outs = []
     for qs in range(0, lq, q_block):
         qe = min(lq, qs + q_block)
         n_q = qe - qs
         s_sel = sel[:, :, qs:qe]
-        keys = bw.rotate_each(past_k[bi, hi, s_sel], delta[:, :, qs:qe, :, None], inv)  # [B,H,bq,top,block,D]
-        vals = past_v[bi, hi, s_sel]
-        qb = q[:, :, qs:qe]
-        s_pref = torch.einsum("bhqd,bhqtkd->bhqtk", qb, keys).reshape(b, h, n_q, top * block) * scale
+        # q . R(delta) k = (R(-delta) q) . k: rotating the query once per retrieved block, rather than each of the
+        # block's keys, gives the original's scores (it re-rotates keys) with 1/block of the rotation work
+        q_rot = bw.rotate_each(q[:, :, qs:qe, None], -delta[:, :, qs:qe], inv)  # [B, H, bq, top, D]
+        s_pref = torch.einsum("bhqtd,bhqtkd->bhqtk", q_rot, past_k[bi, hi, s_sel]).reshape(b, h, n_q, top * block)
+        s_pref = s_pref * scale
+        vals = past_v[bi, hi, s_sel]  # [B, H, bq, top, block, D]
         s_main = torch.matmul(qg[:, :, :, qs:qe], km[:, :, None].transpose(-1, -2)).reshape(b, h, n_q, n_main) * scale
         s = torch.cat([s_pref, s_main], dim=-1)
         vis_main = (q_idx[qs:qe, None] >= k_idx[None])[None] & valid_main[:, None]  # [B, bq, n_main]

@@ -15,7 +15,8 @@ Memory per rank (ZeRO-3, bf16 mixed precision, DeepSpeed AdamW, ``harness/train/
   gradient). Without checkpointing: every layer's saved tensors. Fragmentation and the CUDA context are not modelled.
 
 Training FLOPs per token F = 4 N + 2 N_t + 12 l h q T_att (N = matmul weights incl. the LM head, N_t the trained
-ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn).
+ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn, or
+Landmark's 512-token training context).
 Evaluation FLOPs per prompt token at length L: 2 N + 4 l h q L (forward only; generated tokens not counted).
 GPU-seconds = FLOPs / (MFU x peak bf16 FLOP/s of the target GPU). Wall-clock of a point: training spreads over its
 ``train.world_size`` ranks; evaluation runs in run.py's one process on one GPU (the node's other GPUs idle) unless
@@ -114,8 +115,14 @@ def trained_params(cfg, s: Shape) -> tuple[int, int]:
 
 
 def attention_tokens(cfg, T: int) -> float:
+    """Keys a training token attends to: T; LongLoRA's S2-Attn T x group ratio; Landmark its training context
+    (``train_len``: the sequence is split into pieces of that length; the 1/mem_freq landmark tokens not counted)."""
     meth = OmegaConf.to_container(cfg.method, resolve=True)
-    return T * float(meth["group_size_ratio"]) if "group_size_ratio" in meth else T
+    if "group_size_ratio" in meth:
+        return T * float(meth["group_size_ratio"])
+    if meth.get("name") == "landmark" and int(meth.get("train_len") or 0) > 0:
+        return min(T, int(meth["train_len"]))
+    return T
 
 
 def train_flops_per_token(s: Shape, n_t: int, t_att: float) -> float:

@@ -42,7 +42,9 @@ def test_table1_points_tokens_memory_flops(table1):
     lora = 32 * 4 * 8 * (4096 + 4096)
     assert ll["trained_params"] == lora + s.embed + (2 * 32 + 1) * 4096
     assert ll["flops_per_token"] == 4 * s.matmul_params + 2 * lora + 12 * 32 * 32 * 128 * 32768 * 0.25  # S2: N/4
-    assert rows["Landmark"]["train"]["seq_len"] == 512
+    lm = rows["Landmark"]["train"]  # the recipe's 32k sequences, split into 512-token pieces: PI's steps and tokens
+    assert lm["seq_len"] == 32768 and lm["steps"] == pi["steps"] and lm["tokens"] == pi["tokens"]
+    assert lm["flops_per_token"] == 6 * s.matmul_params + 12 * 32 * 32 * 128 * 512
     assert rows["Self-Extend"]["train"] is None and rows["Self-Extend"]["eval_gpu_hours"] > 0
     two = rows["NTK-64K-2B"]["train"]
     assert two["steps"] == 2 * 10**9 // (32 * 65536) and two["tokens"] == two["steps"] * 32 * 65536

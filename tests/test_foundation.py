@@ -104,7 +104,7 @@ def test_nan_loss_is_an_error(tmp_path):
         model.model.embed_tokens.weight.fill_(float("nan"))
     chunks = np.ones((4, 16), dtype=np.int64)
     a = TrainArgs(name="t", enabled=True, seq_len=16, tokens=16 * 2 * 2, global_batch=2, autocast="float32", ema=False)
-    with pytest.raises(FloatingPointError, match="non-finite"):
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at step 0 of 2"):
         finetune(ModelHandle(model, None, "x", 32), build_method({"name": "base"}), chunks, a, tmp_path, "fp")
 
 

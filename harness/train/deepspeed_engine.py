@@ -398,7 +398,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
             batch = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
             micro.append(micro_step(engine, batch, acc, a.autocast, backward=backward))
             if len(micro) == acc:  # one host sync per step, before the boundary step() can apply a NaN update
-                loss = step_loss(micro, acc)
+                loss = step_loss(micro, acc, step, total)
             engine.step()  # DeepSpeed updates only at the accumulation boundary
         if ema is not None:
             ema.update()

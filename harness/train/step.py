@@ -39,14 +39,17 @@ def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None)
     return loss.detach()
 
 
-def step_loss(micro_losses: list[torch.Tensor], accumulation: int) -> float:
+def step_loss(micro_losses: list[torch.Tensor], accumulation: int, step: int | None = None,
+              total: int | None = None) -> float:
     """The optimizer step's loss (mean of its micro-batch losses) with one host sync per step. Raises on a
-    non-finite loss; callers read it before the optimizer step, so such a step never reaches the weights."""
+    non-finite loss, naming the step (0-based) when given; callers read it before the optimizer step, so such a
+    step never reaches the weights."""
     values = torch.stack(micro_losses).tolist()
     loss = 0.0
     for v in values:
         if not math.isfinite(v):
-            raise FloatingPointError(f"non-finite training loss ({v})")
+            at = "" if step is None else f" at step {step}" + ("" if total is None else f" of {total}")
+            raise FloatingPointError(f"non-finite training loss ({v}){at}")
         loss += v / accumulation
     return loss
 

@@ -114,7 +114,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
             if a.doc_masking and bos is not None:
                 batch = add_document_positions(batch, bos)
             micro.append(micro_step(model, batch, accumulation, a.autocast))
-        loss = step_loss(micro, accumulation, step, total)  # the step's one host sync; raises before a NaN reaches the weights
+        # the step's one host sync; raises before a NaN reaches the weights
+        loss = step_loss(micro, accumulation, step, total)
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
         opt.step()

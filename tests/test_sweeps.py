@@ -64,10 +64,12 @@ def test_paper_llama2_is_table1():
         if frozen:
             continue
         t = to_args(TrainArgs, cfg.train, "train")
-        want_len = {"NTK-64K": 65536, "NTK-64K-2B": 65536, "Landmark": 512}.get(name, 32768)
+        # Landmark: the recipe's 32k sequences (Table 7), split into its 512-token training context by the method
+        want_len = {"NTK-64K": 65536, "NTK-64K-2B": 65536}.get(name, 32768)
         assert (t.seq_len, t.tokens) == (want_len, 2_000_000_000 if name == "NTK-64K-2B" else 1_000_000_000)
         assert (t.global_batch, t.lr, t.weight_decay, t.ema, t.world_size) == (32, 2e-5, 0.0, True, 8)
     assert rows["NTK-64K-2B"].method.name == rows["NTK-64K"].method.name == "ntk_64k"
+    assert rows["Landmark"].method.train_len == 512
 
 
 def test_tiny_study_covers_every_method_and_entropy_abf_steps():

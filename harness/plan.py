@@ -114,17 +114,6 @@ def trained_params(cfg, s: Shape) -> tuple[int, int]:
     return s.params, s.matmul_params
 
 
-def attention_tokens(cfg, T: int) -> float:
-    """Keys a training token attends to: T; LongLoRA's S2-Attn T x group ratio; Landmark its training context
-    (``train_len``: the sequence is split into pieces of that length; the 1/mem_freq landmark tokens not counted)."""
-    meth = OmegaConf.to_container(cfg.method, resolve=True)
-    if "group_size_ratio" in meth:
-        return T * float(meth["group_size_ratio"])
-    if meth.get("name") == "landmark" and int(meth.get("train_len") or 0) > 0:
-        return min(T, int(meth["train_len"]))
-    return T
-
-
 def train_flops_per_token(s: Shape, n_t: int, t_att: float) -> float:
     return 4 * s.matmul_params + 2 * n_t + 12 * s.layers * s.heads * s.head_dim * t_att
 
@@ -269,7 +258,7 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
         p_t, n_t = trained_params(cfg, s)
         steps = t.steps()
         tokens = steps * t.global_batch * t.seq_len
-        t_att = attention_tokens(cfg, t.seq_len)
+        t_att = method.attention_keys(t.seq_len)
         f = train_flops_per_token(s, n_t, t_att)
         gpu_h = tokens * f / (mfu * peak) / 3600
         mem = memory_per_rank(s, p_t, t.world_size, t.micro_batch, t.seq_len, t.grad_checkpointing, t.ema,

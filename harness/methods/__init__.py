@@ -69,6 +69,10 @@ class Method:
     def max_length(self, handle) -> int | None:
         return None
 
+    def attention_keys(self, seq_len: int) -> float:
+        """Keys a training token attends to in a ``seq_len``-token sequence (the cost plan's attention FLOPs)."""
+        return seq_len
+
     def train_batch(self, input_ids):
         """Model inputs for one training micro-batch of packed token ids (Landmark inserts its tokens here)."""
         return {"input_ids": input_ids, "labels": input_ids}

@@ -360,6 +360,10 @@ class Landmark(Method):
     def eval_mode(self, handle) -> None:
         handle.model.get_decoder().harness_landmark_state["auto_insert"] = True
 
+    def attention_keys(self, seq_len: int) -> float:
+        # training splits the sequence into train_len pieces (the 1/mem_freq landmark tokens not counted)
+        return min(seq_len, self.args.train_len) if self.args.train_len else seq_len
+
     def train_batch(self, input_ids):
         a = self.args
         ids = input_ids

@@ -157,6 +157,9 @@ class LongLoRA(Method):
         super().__init__(args)
         self._attn_before = None
 
+    def attention_keys(self, seq_len: int) -> float:
+        return seq_len * float(self.args.group_size_ratio)  # S2-Attn: each token attends within its group
+
     def check(self, native_ctx: int, train=None) -> None:
         a = self.args
         check_scale(a.name, a.scale)

@@ -231,6 +231,8 @@ def pretrain(args):
     sizes = {k: getattr(args, k) for k in ARCH if getattr(args, k) is not None}
     if args.expand_layers and not args.init_from:
         raise SystemExit("pretrain_tiny: --expand-layers grows a model given by --init-from")
+    if args.init_from and args.tokenizer_from:
+        raise SystemExit("pretrain_tiny: --tokenizer-from is for a fresh model; --init-from keeps its parent's")
     if args.init_from and sizes:
         raise SystemExit(f"pretrain_tiny: {', '.join('--' + k for k in sizes)} only apply to a fresh model; "
                          f"a stage continued --init-from keeps its parent's sizes")
@@ -247,10 +249,14 @@ def pretrain(args):
             added = expand_layers(model, args.expand_layers)
             print(f"block expansion: {args.expand_layers} new blocks at {added}", flush=True)
     else:
-        corpus = [d.text for d in sources.shakespeare("train")] + [d.text for d in sources.python_stdlib("train")]
-        filler = FillerFactory(corpus[:20] + corpus[-20:], args.seed)
-        synth = [synthetic_document(rng, filler, rng.randint(30, 250)) for _ in range(20000)]
-        tok = train_tokenizer(corpus + synth, args.vocab, out)
+        if args.tokenizer_from:  # a fresh model on an existing tokenizer (e.g. the shipped one: rows stay comparable)
+            tok = AutoTokenizer.from_pretrained(args.tokenizer_from)
+            tok.save_pretrained(out)
+        else:
+            corpus = [d.text for d in sources.shakespeare("train")] + [d.text for d in sources.python_stdlib("train")]
+            filler = FillerFactory(corpus[:20] + corpus[-20:], args.seed)
+            synth = [synthetic_document(rng, filler, rng.randint(30, 250)) for _ in range(20000)]
+            tok = train_tokenizer(corpus + synth, args.vocab, out)
         config = tiny_config(vocab_size=len(tok), rope_theta=args.rope_theta, bos=tok.bos_token_id,
                              eos=tok.eos_token_id, pad=tok.pad_token_id, native_ctx=args.seq_len, **sizes)
         model = LlamaForCausalLM(config)
@@ -482,6 +488,8 @@ def main():
     ap.add_argument("--kind-weights", default="", help="synthetic document kinds, e.g. repeat=0.45,retrieval=0.25")
     ap.add_argument("--copy-warmup", type=int, default=0, help="first N steps on repeated random spans (induction)")
     ap.add_argument("--init-from", default="", help="continue pretraining from this model dir (stage 2)")
+    ap.add_argument("--tokenizer-from", default="",
+                    help="a fresh model (no --init-from) on this model dir's tokenizer instead of training one")
     ap.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                     help="after warm-up: cosine to 10%% of lr, or constant")
     ap.add_argument("--natural-share", type=float, default=0.45,

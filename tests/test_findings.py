@@ -302,3 +302,20 @@ def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
     line = next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
     assert "no rows: pi" in line and "rows of pi exist but failed the convergence gate" in line
     assert "rows of clex" not in line and "no rows: clex" in line
+
+
+
+def test_intervals_do_not_depend_on_the_order_of_the_rows():
+    """The bootstrap resamples by index: the same rows finished in another order (a seed's row added later) must give
+    the same intervals, finding by finding (it moved finding (d)'s interval once: entries are listed newest first)."""
+    def rows(order_seed: int) -> list[dict]:
+        rs = world("paper")
+        by_id = {r["run_id"]: r for r in rs}   # YaRN and NTK-32K swap passkeys: ranks no longer perfectly opposed
+        a, b = by_id["yarn-t"], by_id["ntk_32k-t"]
+        a["metrics"]["passkey"], b["metrics"]["passkey"] = b["metrics"]["passkey"], a["metrics"]["passkey"]
+        for i, j in enumerate(np.random.default_rng(order_seed).permutation(len(rs))):
+            rs[j]["time_start"] = rs[j]["time_end"] = f"2026-01-01T00:00:{i:02d}"
+        return rs
+
+    texts = [{k: sorted(p.text() for p in f.parts) for k, f in verdicts(rows(s)).items()} for s in range(4)]
+    assert all(t == texts[0] for t in texts[1:])

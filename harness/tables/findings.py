@@ -332,7 +332,7 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
     if _needle_missing(ev):
         f.parts = [Part("rank correlation", why=_needle_missing(ev))]
         return f.decide()
-    xs, ys = [], []
+    pairs = []
     for e in ev.entries:
         if (ev.rs.spec.get("methods") or {}).get(e.method, {}).get("attention", "exact") != "exact":
             continue
@@ -343,8 +343,9 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
         if p is None or n is None or p.value is None or n.value is None or not math.isfinite(p.value):
             continue
         ev._use(e, p)
-        xs.append(p.value)
-        ys.append(n.value)
+        pairs.append((e.label, p.value, n.value))
+    pairs.sort()  # the bootstrap resamples by index: a fixed order keeps the interval from moving with unrelated rows
+    xs, ys = [x for _, x, _ in pairs], [y for _, _, y in pairs]
     ci = stats.spearman_interval(xs, ys) if len(xs) >= 5 else None
     why = "" if ci else (f"no rows: {len(xs)} exact-attention configurations with PPL at 8C and Needle (need 5)"
                          if len(xs) < 5 else "no interval: constant ranks")

@@ -36,6 +36,26 @@ def test_fresh_stage_takes_its_sizes_and_records_its_device(tmp_path):
     assert bad.returncode != 0 and "--layers only apply to a fresh model" in bad.stderr
 
 
+def test_fresh_stage_on_the_shipped_tokenizer(tmp_path):
+    """``--tokenizer-from``: a from-scratch candidate keeps the shipped token ids (no tokenizer is trained); with
+    ``--init-from`` (which keeps its parent's tokenizer) it is one clear error."""
+    from harness.models.tiny_llama import ASSET_DIR
+
+    out = tmp_path / "m"
+    r = subprocess.run(SCRIPT + ["--out", str(out), "--tokenizer-from", str(ASSET_DIR), "--steps", "2", "--batch", "1",
+                                 "--seq-len", "64", "--layers", "1", "--hidden", "64", "--heads", "2",
+                                 "--intermediate", "128", "--gate-samples", "0", "--threads", "1", "--device", "cpu"],
+                       env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "tokenizer.json").read_bytes() == (ASSET_DIR / "tokenizer.json").read_bytes()
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    bad = subprocess.run(SCRIPT + ["--init-from", str(out), "--tokenizer-from", str(ASSET_DIR),
+                                   "--out", str(tmp_path / "m2"), "--gate-samples", "0"],
+                         env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == \
+        "pretrain_tiny: --tokenizer-from is for a fresh model; --init-from keeps its parent's"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when there is no GPU")
 def test_cuda_without_a_gpu_is_one_clear_error(tmp_path):
     r = subprocess.run(SCRIPT + ["--out", str(tmp_path / "m"), "--device", "cuda", "--gate-samples", "0"],

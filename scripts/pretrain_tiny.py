@@ -16,7 +16,8 @@ only (``answer_batch``): the associative-recall curriculum of the last stage.
 
 On a GPU: ``--device cuda`` (``auto``, the default, picks CUDA when there is one) trains there in bf16 autocast;
 ``make tiny-model PRETRAIN_ARGS="--device cuda"`` runs every stage so. A fresh first stage may change the sizes
-(``--layers --hidden --heads --intermediate``; a continued stage keeps its parent's). Each stage records its device
+(``--layers --hidden --heads --intermediate``; a continued stage keeps its parent's) and may keep an existing
+tokenizer (``--tokenizer-from``: the shipped one keeps the study's token ids). Each stage records its device
 in ``pretrain_stats.json`` and the card's stage table.
 """
 from __future__ import annotations

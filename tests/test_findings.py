@@ -304,7 +304,6 @@ def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
     assert "rows of clex" not in line and "no rows: clex" in line
 
 
-
 def test_intervals_do_not_depend_on_the_order_of_the_rows():
     """The bootstrap resamples by index: the same rows finished in another order (a seed's row added later) must give
     the same intervals, finding by finding (it moved finding (d)'s interval once: entries are listed newest first)."""

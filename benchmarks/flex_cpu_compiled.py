@@ -8,7 +8,8 @@ but in torch 2.13 only for inference and without the log-sum-exp (``return_aux=A
 Self-Extend (neighbour band + grouped part merged by log-sum-exp) cannot use it. The form measured here needs no
 log-sum-exp: ONE flex call over concatenated keys, q' = [q, q_grouped] (head dim 2D), keys [k, 0] for the neighbour
 band and [0, k_grouped] for the grouped part (2L keys), values [v; v], mask = band on the first L keys, m - n >= W on
-the second L: exactly one softmax over the union. It is checked equal to the reference before it is timed.
+the second L: exactly one softmax over the union. Each form's max |difference| from the reference is reported
+beside its timing.
 
 Per length: one attention call (B = 1, 4 heads x 64, fp32, tiny_llama's sizes; W = C / 4 = 128, G = 64, the study's
 Self-Extend), reference tile loops (``self_extend_attention``, blocks 256 x 512) vs eager flex (the harness's

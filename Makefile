@@ -56,7 +56,7 @@ tables: setup ## regenerate the paper's tables and figures from results/runs/
 status: ## list unfinished and failed rows of results/runs/ (killed runs show as stale); ARGS=--all for every row
 	@$(PY) -m harness.status $(ARGS)
 
-findings: setup ## results/findings.md: the paper's 12 findings tested on results/runs/ (coded verdict rule)
+findings: setup ## results/findings.md: the paper's 13 findings tested on results/runs/ (coded verdict rule)
 	$(PY) scripts/make_findings.py
 
 study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once and overrides

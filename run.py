@@ -1,6 +1,6 @@
 """One run of the controlled study: model x method x data x train x eval -> one results row.
 
-    python run.py                                   # embedded default: tiny_llama, PI, tiny fine-tune, tiny suite
+    python run.py                                   # embedded default: tiny_llama, YaRN, tiny fine-tune, tiny suite
     python run.py method=ntk_dynamic model=llama2_7b --cfg job     # print the composed config
     python run.py -m method=base,pi train=none      # a sweep (Slurm: hydra/launcher=slurm_a100)
 

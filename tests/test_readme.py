@@ -1,0 +1,47 @@
+"""The README states counts and defaults; they must be the code's (a front door that contradicts the code misleads)."""
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def _table_names(section: str) -> set[str]:
+    """Every backticked short name in the first column(s) of the README table under ``## <section>``."""
+    body = README.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in body.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = line.split("|")
+            for cell in cells[1:3]:
+                names |= {m for m in re.findall(r"`([a-z0-9_]+)`", cell)}
+    return names
+
+
+def test_default_run_is_what_the_config_composes():
+    defaults = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["defaults"]
+    chosen = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items()}
+    label = {"yarn": "YaRN", "pi": "PI"}.get(chosen["method"], chosen["method"])
+    assert f"the default: {chosen['model']} x {label} x {chosen['data']}" in README
+
+
+def test_every_registered_method_and_evaluator_is_in_the_readme_tables():
+    from harness.evals import EVALS
+    from harness.methods import METHODS
+
+    methods = set(METHODS.names()) | {p.stem for p in (ROOT / "conf" / "method").glob("*.yaml")}
+    assert methods <= _table_names("Methods"), sorted(methods - _table_names("Methods"))
+    assert set(EVALS.names()) <= _table_names("Evaluators"), sorted(set(EVALS.names()) - _table_names("Evaluators"))
+
+
+def test_finding_count_matches_the_report():
+    from harness.tables.findings import FINDINGS
+
+    words = {13: "thirteen", 12: "twelve"}
+    n = len(FINDINGS)
+    stated = re.findall(r"the paper's (\w+) findings", README)
+    assert stated and all(s in (str(n), words.get(n)) for s in stated), stated

@@ -26,6 +26,65 @@ def _mul(a, b):
     return int(x) if x == int(x) else x
 
 
+def checkpoint_config(path: str) -> dict:
+    """The ``config.json`` of a checkpoint: a local folder, or a hub id already in the local cache (never
+    downloaded). Raises ``ValueError`` naming ``model.path`` when there is none."""
+    import json
+
+    path = str(path)
+    p = Path(path).expanduser()
+    if p.is_dir():
+        f = p / "config.json"
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(repo_id=path, filename="config.json")
+        except Exception:  # noqa: BLE001 - an id the hub library refuses (a path that does not exist, ...)
+            hit = None
+        f = Path(hit) if isinstance(hit, str) else None
+    if f is None or not f.is_file():
+        raise ValueError(f"model.path: {path!r} is neither a folder with a config.json nor a hub id in the local cache "
+                         f"(valid: a Hugging Face checkpoint folder, or an id fetched beforehand on a login node)")
+    try:
+        out = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model.path: {f} is not readable JSON ({type(e).__name__})") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"model.path: {f} is not a JSON object")
+    if "max_position_embeddings" not in out and isinstance(out.get("text_config"), dict):
+        out = {**out, **out["text_config"]}  # multimodal wrappers keep the language model's fields there
+    return out
+
+
+def _hf_config(path, key, default=None):
+    """``${hf_config:${model.path},max_position_embeddings}``: a field of the checkpoint's ``config.json``."""
+    cfg = checkpoint_config(path)
+    if key in cfg:
+        return cfg[key]
+    if default is not None:
+        return default
+    raise ValueError(f"model.path: {path}'s config.json has no {key!r}; set it on the command line")
+
+
+def _hf_dtype(path):
+    """``${hf_dtype:${model.path}}``: the checkpoint's weight dtype (``torch_dtype`` / ``dtype``; float32 when the
+    config names none)."""
+    cfg = checkpoint_config(path)
+    d = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
+    return d if d in ("float32", "bfloat16", "float16") else "float32"
+
+
+def _hub_name(path):
+    """``${hub_name:${model.path}}``: a row name from a folder or hub id (``/ckpt/my-model/`` -> ``my-model``,
+    ``org/Model-7B`` -> ``org--Model-7B``)."""
+    import re
+
+    p = str(path).rstrip("/")
+    name = Path(p).name if Path(p).expanduser().is_dir() else p.replace("/", "--")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "hub"
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
@@ -33,6 +92,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
+    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
 
 
 register_resolvers()

@@ -28,14 +28,33 @@ def precheck_or_exit(argv: list[str]) -> None:
         if multirun:
             _precheck_sweep(overrides)
         else:
-            compose(overrides)
+            resolve_model(compose(overrides))
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         from harness.pipeline import fail_before_compose
 
         line = explain(e, overrides)
-        fail_before_compose(_results_dir_of(overrides), line)
+        fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
         print(line, file=sys.stderr)
         sys.exit(2)
+
+
+def resolve_model(cfg) -> None:
+    """Resolve the ``model`` node now: ``model=hub`` reads its window, dtype and name from the checkpoint's
+    ``config.json`` (``harness.conf_utils``), so a missing or wrong ``model.path`` is one line before Hydra starts."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=True)
+
+
+def _names_of(overrides: list[str]) -> dict:
+    """The group options a command line names (``model=hub`` -> {"model": "hub"}), for the row of a command line
+    that does not compose: its model and method columns then say what was asked for."""
+    out = {}
+    for o in overrides:
+        key, sep, value = o.lstrip("+~").partition("=")
+        if sep and key in ("model", "method", "data", "train", "eval") and value:
+            out[key] = value
+    return out
 
 
 def _results_dir_of(overrides: list[str]) -> str:
@@ -79,6 +98,12 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     name = type(e).__name__
     msg = " ".join(str(e).split("\n")[:1]).strip() or name
     hint = ""
+    if "Missing mandatory value: " in msg:  # a ??? in a YAML (model=hub's path)
+        key = msg.split("Missing mandatory value: ", 1)[1].split()[0]
+        return f"config error: {key} is required" + (" (model=hub: a checkpoint folder, or a hub id in the local "
+                                                     "cache)" if key == "model.path" else "")
+    if "raised while resolving interpolation: " in msg:  # a resolver's own message (harness.conf_utils)
+        return "config error: " + msg.split("raised while resolving interpolation: ", 1)[1].split(" full_key:")[0]
     if "Could not find" in msg or "Could not load" in msg:
         quoted = [q for q in msg.split("'")[1::2] if "/" in q]
         group = quoted[0].rsplit("/", 1)[0] if quoted else ""

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke plan tables findings study status tiny-model clean
+.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke plan tables findings export study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ status: ## list unfinished and failed rows of results/runs/ (killed runs show as
 
 findings: setup ## results/findings.md: the paper's 13 findings tested on results/runs/ (coded verdict rule)
 	$(PY) scripts/make_findings.py
+
+export: setup ## every row as one flat table: results/export/results.csv and .parquet (harness/tables/export.py)
+	$(PY) scripts/export_rows.py
 
 study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once and overrides
 	$(PY) scripts/study.py $(ARGS)

@@ -1,0 +1,120 @@
+"""`make export`: every row of a results directory as one flat table, one line per run x suite entry x metric x
+length, for pandas / R / spreadsheets (the shape of HELMET's ``collect_results.py`` output and RULER's
+``summary.csv``). Written to ``<results>/export/results.csv`` and ``results.parquet`` (atomic, like every output).
+
+Columns: the run (``run_id``, ``status``, ``converged`` = the convergence gate's verdict of a fine-tuned row, None
+when frozen), its configuration (``model``, ``method``, ``row`` = the tables' method key, e.g. ``ntk_32k``,
+``data``, ``train``, ``seed`` = the training seed, None when frozen; ``eval_seed``; ``native_ctx``), the measurement
+(``entry`` = the suite key, ``evaluator``, ``metric``, ``length``, ``length_over_c``, ``value``, ``ci_low``,
+``ci_high``, ``n``) and provenance (``config_hash``, ``git_sha``, ``time_end``).
+
+What becomes a line: every metric of an entry whose value maps evaluation lengths to numbers (``{"512": 0.98}``),
+and one level deeper for per-task metrics (RULER's ``tasks``, as ``tasks.<task>``); an entry scored once over a
+token budget (LongBench: ``tasks`` = {task: score} with ``n`` per task, and its ``average``) gives one line per task
+and the average at ``length`` = the entry's ``max_length``. The series' axis is the evaluation length unless the
+entry names another (``"axis": "shots"``, many-shot TREC: ``x`` = shots, ``length`` empty).
+
+The interval of a line is the entry's ``ci`` for its first such metric (the one the evaluator reports the interval
+of) and ``task_ci`` for per-task metrics; ``n`` is the number of per-sample scores the row keeps for that length
+(``per_sample`` / ``correct``) or the scored windows of a PPL entry. A metric without an interval in the row has
+empty ``ci_*`` columns, never a made-up one. Rows that are not ``ok`` are exported too (filter on ``status``): what
+a failed run measured before it failed is still a measurement.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.results import atomic_write, read_rows
+from harness.tables.rows import converged, method_key, native_ctx, training_seed
+
+COLUMNS = ("run_id", "status", "converged", "model", "method", "row", "data", "train", "seed", "eval_seed",
+           "native_ctx", "entry", "evaluator", "metric", "axis", "x", "length", "length_over_c", "value", "ci_low",
+           "ci_high", "n", "config_hash", "git_sha", "time_end")
+
+
+def _by_length(v) -> bool:
+    return isinstance(v, dict) and bool(v) and all(str(k).isdigit() for k in v) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values())
+
+
+def _n(entry: dict, length: str, task: str | None = None):
+    per = entry.get("per_sample")
+    if isinstance(per, dict) and task is not None:
+        per = per.get(task)
+    for src in (per, entry.get("correct")):
+        if isinstance(src, dict) and isinstance(src.get(length), list):
+            return len(src[length])
+    scored = (entry.get("scored") or {}).get(length) if isinstance(entry.get("scored"), dict) else None
+    return scored.get("windows") if isinstance(scored, dict) else None
+
+
+def _ci(table, length: str):
+    ci = table.get(length) if isinstance(table, dict) else None
+    return (ci[0], ci[1]) if isinstance(ci, (list, tuple)) and len(ci) == 2 else (None, None)
+
+
+def flatten(row: dict) -> list[dict]:
+    """The lines of one row (see the module docstring)."""
+    cfg = row.get("config") or {}
+    suite = (cfg.get("eval") or {}).get("suite") or {}
+    c = native_ctx(row)
+    base = {"run_id": row.get("run_id"), "status": row.get("status"), "converged": converged(row),
+            "model": row.get("model"), "method": row.get("method"), "row": method_key(row), "data": row.get("data"),
+            "train": row.get("train"), "seed": training_seed(row), "eval_seed": cfg.get("seed"), "native_ctx": c,
+            "config_hash": row.get("config_hash"), "git_sha": row.get("git_sha"), "time_end": row.get("time_end")}
+    out = []
+    for key, entry in (row.get("metrics") or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        evaluator = (suite.get(key) or {}).get("name") or key
+        axis = str(entry.get("axis") or "length")
+        first = True
+        for metric, v in entry.items():
+            series = []
+            if _by_length(v):
+                series = [(metric, None, v, entry.get("ci") if first else None)]
+                first = False
+            elif isinstance(v, dict) and v and not any(str(k).isdigit() for k in v) and all(
+                    _by_length(x) for x in v.values()):  # per task (not NIAH's length -> depth grid)
+                series = [(f"{metric}.{t}", t, s, (entry.get("task_ci") or {}).get(t)) for t, s in v.items()]
+            for name, task, s, ci in series:
+                for x, value in s.items():
+                    lo, hi = _ci(ci, x)
+                    out.append(_line(base, key, evaluator, name, axis, int(x), value, lo, hi, _n(entry, x, task), c))
+        if first and isinstance(entry.get("tasks"), dict) and isinstance(entry.get("n"), dict):  # one budget
+            budget = entry.get("max_length")
+            budget = int(budget) if isinstance(budget, int) else None
+            scores = {f"tasks.{t}": (v, entry["n"].get(t)) for t, v in entry["tasks"].items() if _num(v)}
+            if _num(entry.get("average")):
+                scores["average"] = (entry["average"], None)
+            for name, (value, n) in scores.items():
+                out.append(_line(base, key, evaluator, name, "length", budget, value, None, None, n, c))
+    return out
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _line(base, key, evaluator, metric, axis, x, value, lo, hi, n, c) -> dict:
+    length = x if axis == "length" else None
+    return {**base, "entry": key, "evaluator": evaluator, "metric": metric, "axis": axis, "x": x, "length": length,
+            "length_over_c": round(length / c, 4) if c and length else None, "value": value, "ci_low": lo,
+            "ci_high": hi, "n": n}
+
+
+def frame(results_dir: str | Path):
+    import pandas as pd
+
+    lines = [line for row in read_rows(results_dir) for line in flatten(row)]
+    return pd.DataFrame(lines, columns=list(COLUMNS))
+
+
+def write(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """``results.csv`` and ``results.parquet`` under ``out_dir`` (default ``<results_dir>/export``)."""
+    df = frame(results_dir)
+    out = Path(out_dir) if out_dir else Path(results_dir) / "export"
+    csv, parquet = out / "results.csv", out / "results.parquet"
+    atomic_write(csv, lambda f: f.write(df.to_csv(index=False).encode("utf-8")))
+    atomic_write(parquet, lambda f: df.to_parquet(f, index=False))
+    return [csv, parquet]

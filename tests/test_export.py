@@ -1,0 +1,65 @@
+"""`make export`: every row as one flat table (CSV + Parquet), one line per run x entry x metric x length."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+
+from harness import results
+from harness.tables.export import COLUMNS, flatten
+from tests.conftest import ROOT
+
+
+def _row(run_id: str, method: str, metrics: dict, status: str = "ok") -> dict:
+    cfg = {"model": {"name": "tiny_llama", "native_ctx": 512}, "method": {"name": method}, "train": {"name": "none"},
+           "eval": {"suite": {"pk": {"name": "passkey"}, "books": {"name": "ppl"}, "ruler": {"name": "ruler"},
+                              "lb": {"name": "longbench"}, "trec": {"name": "manyshot_trec"}}}, "seed": 0}
+    row = results.new_row(run_id, cfg, None, "/tmp/none")
+    row.update(status=status, metrics=metrics, train="none")
+    return row
+
+
+METRICS = {
+    "pk": {"accuracy": {"512": 0.9, "1024": 0.5}, "ci": {"512": [0.6, 0.98], "1024": [0.2, 0.8]},
+           "correct": {"512": [1] * 9 + [0], "1024": [1, 0] * 5}, "samples_per_length": 10},
+    "books": {"ppl": {"512": 30.5}, "ci": {"512": [28.0, 33.0]}, "scored": {"512": {"tokens": 4088, "windows": 8}}},
+    "ruler": {"average": {"512": 15.0}, "tasks": {"niah_single_2": {"512": 15.0}},
+              "task_ci": {"niah_single_2": {"512": [5.2, 36.0]}}, "per_sample": {"niah_single_2": {"512": [0.0] * 20}},
+              "grid": {"512": {"0": 1.0, "50": 0.0}}},
+    "lb": {"tasks": {"qasper": 20.5, "trec": 60.0}, "n": {"qasper": 200, "trec": 200}, "average": 40.25,
+           "max_length": 4096},
+    "trec": {"accuracy": {"1": 30.0, "10": 50.0}, "n": {"1": 100, "10": 100}, "axis": "shots"},
+}
+
+
+def test_a_row_flattens_to_one_line_per_metric_and_length():
+    lines = {(d["entry"], d["metric"], d["x"]): d for d in flatten(_row("r1", "yarn", METRICS))}
+    pk = lines[("pk", "accuracy", 1024)]
+    assert (pk["value"], pk["ci_low"], pk["ci_high"], pk["n"], pk["length_over_c"]) == (0.5, 0.2, 0.8, 10, 2.0)
+    assert lines[("books", "ppl", 512)]["n"] == 8 and lines[("books", "ppl", 512)]["ci_high"] == 33.0
+    t = lines[("ruler", "tasks.niah_single_2", 512)]
+    assert (t["ci_low"], t["n"]) == (5.2, 20)
+    assert lines[("ruler", "average", 512)]["ci_low"] is None  # no interval in the row: none made up
+    assert not any(k[1].startswith("grid") for k in lines)  # NIAH-style length -> depth grids are not series
+    assert lines[("lb", "tasks.qasper", 4096)]["n"] == 200 and lines[("lb", "average", 4096)]["value"] == 40.25
+    shots = lines[("trec", "accuracy", 10)]
+    assert (shots["axis"], shots["length"], shots["value"]) == ("shots", None, 50.0)
+    assert all(set(d) == set(COLUMNS) for d in lines.values())
+
+
+def test_make_export_writes_csv_and_parquet_and_skips_stray_files(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rid, m, st in (("r1", "yarn", "ok"), ("r2", "pi", "failed")):
+        (runs / f"{rid}.json").write_text(json.dumps(_row(rid, m, METRICS, st)))
+    (runs / "stray.json").write_text("[1, 2]")
+    p = subprocess.run([sys.executable, "scripts/export_rows.py", "--results", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "stray.json" in p.stderr
+    csv = pd.read_csv(tmp_path / "export" / "results.csv")
+    pq = pd.read_parquet(tmp_path / "export" / "results.parquet")
+    assert list(csv.columns) == list(COLUMNS) and len(csv) == len(pq) == 2 * len(flatten(_row("r", "m", METRICS)))
+    assert set(pq["status"]) == {"ok", "failed"} and set(pq["method"]) == {"yarn", "pi"}

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke plan tables findings export study status tiny-model clean
+.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke plan tables findings export study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -46,6 +46,12 @@ bench-gpu: setup ## on one CUDA GPU: fused vs reference attention, training step
 
 bench-gpu-smoke: setup ## the same at tiny sizes on CPU (a temp file; part of the default test tier)
 	$(PY) benchmarks/bench_gpu.py --smoke $(ARGS)
+
+gpu-check: setup ## the first hour on a GPU, one command (<= 15 min on one GPU): every method at 2C/4C on SmolLM2 via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json
+	$(PY) scripts/gpu_check.py $(ARGS)
+
+gpu-check-smoke: setup ## the same code on CPU at tiny sizes (tiny_llama, a temp folder; part of the default test tier)
+	$(PY) scripts/gpu_check.py --smoke $(ARGS)
 
 plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours): EXP=paper_llama2
 	$(PY) scripts/plan.py experiment=$(or $(EXP),paper_llama2) hydra/launcher=slurm_a100

@@ -34,10 +34,12 @@ def main(cfg: DictConfig) -> None:
         tracker = tracking.start(cfg, row)
         method, train = pipeline.validate(cfg)                                    # 0. every group, fail fast
         handle = pipeline.load_and_extend(cfg, method, train)                     # 1. model + method
+        row["model_info"] = handle.facts()                                        #    (what ran, where)
         row["train_info"] = pipeline.finetune(cfg, handle, method, train, row,    # 2. fine-tune (or frozen)
-                                              progress=report.TrainProgress())
+                                              progress=report.TrainProgress(on_step=tracker.log_step))
         row["method_params"] = method.params()
-        pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log)        # 3. every evaluator
+        pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log,        # 3. every evaluator
+                          progress=report.EvalProgress())
         problem = pipeline.finish(cfg, row)                                       # 4. the row
         if problem:
             raise OSError(f"the finished row could not be written: {problem}")

@@ -26,7 +26,8 @@ Sections (``--only``):
   are not credited. peak = the GPU's dense bf16 tensor-core FLOP/s (``PEAK_BF16``, data sheets, by device name;
   unknown device: MFU null). Rows: base (plain causal), LongLoRA's S2-Attn (LoRA r=8, reference vs flex), packed
   documents (restarting positions: transformers' dense sdpa mask vs the flex block mask).
-- ``generate``: greedy decoding with the KV cache (batch 1, a transformers ``DynamicCache``, as the evaluators decode)
+- ``generate``: greedy decoding with the KV cache (batch 1, the evaluators' pre-allocated ``GrowingCache``,
+  harness/evals/common.py: no copy of the cache per token)
   after 4k-32k prompts (RULER's lengths), after one warm-up generation: prefill seconds and decode tokens/s.
 - ``agreement``: fused vs reference on the GPU, fp32 and bf16 weights: max |difference| of the final hidden states
   (and relative to max |reference|), and of the gradients for the training paths (S2-Attn, documents).
@@ -279,12 +280,12 @@ def train(p: dict, shape, device, dtype, smoke) -> list[dict]:
 
 def greedy(model, ids, new_tokens: int, device) -> tuple[float, float]:
     """Greedy decoding with the KV cache (batch 1): (prefill seconds, decode seconds for ``new_tokens`` tokens)."""
-    from transformers import DynamicCache
+    from harness.evals.common import GrowingCache
 
     with torch.inference_mode():
         sync(device)
         t0 = time.perf_counter()
-        cache = DynamicCache(config=model.config)
+        cache = GrowingCache(capacity=ids.shape[1] + new_tokens)
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         nxt = out.logits[:, -1:].argmax(-1)
         sync(device)

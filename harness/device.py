@@ -1,9 +1,12 @@
-"""Compute-dtype helpers shared by evaluation, training and the factor search: which dtype ``auto`` means on this
-hardware, and the matching autocast context. Ground floor (imports only torch), so every package may use it."""
+"""Device and compute-dtype helpers shared by loading, evaluation, training and the factor search: which device the
+``device`` setting means on this machine (``resolve_device``), which dtype ``auto`` means on this hardware, and the
+matching autocast context. Ground floor (imports only torch), so every package may use it."""
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 
 import torch
 
@@ -40,3 +43,27 @@ def autocast(device: torch.device, dtype: str):
 
 def model_device(model) -> torch.device:
     return next(model.parameters()).device
+
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # the valid values of the ``device`` setting
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The device a run's model lives on: ``auto`` -> ``cuda:$LOCAL_RANK`` when CUDA is available, else the CPU;
+    ``cpu``; ``cuda`` (= ``cuda:$LOCAL_RANK``); ``cuda:N``. Raises ``ValueError`` naming ``device`` and the valid
+    values for anything else, or for a CUDA device this machine does not have."""
+    s = str(spec).strip().lower()
+    valid = f"valid: {', '.join(DEVICES)}"
+    if s == "auto":
+        s = "cuda" if torch.cuda.is_available() else "cpu"
+    if s == "cpu":
+        return torch.device("cpu")
+    m = re.fullmatch(r"cuda(?::(\d+))?", s)
+    if not m:
+        raise ValueError(f"device: unknown device {spec!r} ({valid})")
+    index = int(m.group(1)) if m.group(1) is not None else int(os.environ.get("LOCAL_RANK", "0") or 0)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= n:
+        have = f"{n} CUDA GPU(s) visible" if n else "no CUDA GPU is visible"
+        raise ValueError(f"device: {spec!r} asks for cuda:{index} but {have} ({valid})")
+    return torch.device("cuda", index)

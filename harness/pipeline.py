@@ -19,8 +19,8 @@ from harness.evals import EvalContext, build_evaluators, check_lengths, check_su
 from harness.evals import max_length as eval_max_length
 from harness.methods import build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
-from harness.models import build_model, check_fits
-from harness.train import TrainArgs
+from harness.models import build_model, check_device, check_fits, choose_device_map
+from harness.train import Terminated, TrainArgs
 
 GROUPS = results.GROUPS
 
@@ -91,6 +91,8 @@ def validate(cfg, data: bool = True):
     and, with ``data``, that its local data and the method's files can be read). Each impossible value is one
     ConfigError line naming the key and the valid range."""
     c = native_ctx(cfg)
+    check_seed(cfg.get("seed", 0), "seed")
+    check_model_files(cfg.model)
     method = build_method(cfg.method)
     attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
@@ -99,16 +101,42 @@ def validate(cfg, data: bool = True):
     if data:
         method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")
+    check_device(cfg.get("device", "auto"))
     bt = cfg.get("eval_batch_tokens", 8192)
     if isinstance(bt, bool) or not isinstance(bt, int) or bt < 0:
         raise ConfigError(f"eval_batch_tokens: {bt!r} is not a token count (valid: an integer >= 0; 0 = one PPL window "
                           f"at a time)")
+    eval_world_size(cfg)
     ckpt = Path(str(cfg.paths.ckpt_dir))
     if ckpt.exists() and not ckpt.is_dir():
         raise ConfigError(f"paths.ckpt_dir: {ckpt} is a file, not a directory (valid: a directory, created if missing)")
     check_lengths(list(cfg.eval.get("lengths") or []), c, "eval.lengths")
     check_suite(OmegaConf.to_container(cfg.eval.suite, resolve=True), c, data=data)
     return method, train
+
+
+def check_seed(value, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: {value!r} is not a seed (valid: an integer, e.g. {key}=0)")
+
+
+# the files one of which a tokenizer folder must hold (fast tokenizer, SentencePiece, BPE / WordPiece vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def check_model_files(cfg_model) -> None:
+    """Before the model loads: ``model.dtype`` is a weights dtype, and a local ``model.path`` folder holds a
+    tokenizer (else transformers' message, cut to one line, ends mid-list)."""
+    from harness.models import DTYPES
+
+    dtype = cfg_model.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"model.dtype: unknown weights dtype {dtype!r} (valid: {', '.join(DTYPES)})")
+    path = str(cfg_model.get("path") or "")
+    if path and os.path.isdir(path) and not cfg_model.get("gguf_file"):
+        if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            raise ConfigError(f"model.path: {path} has no tokenizer files (valid: a folder with one of "
+                              f"{', '.join(TOKENIZER_FILES)}, beside config.json and the weights)")
 
 
 def attention_args(cfg) -> AttentionArgs:
@@ -128,9 +156,14 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     measured inside its window first (``harness.evals.convergence``), so that the fine-tuned row can be compared with
     it on the same documents and prompts. ``before_extend(handle)`` lets a caller measure the base model too
     (learning curves)."""
-    handle = build_model(cfg.model)
+    device = check_device(cfg.get("device", "auto"))
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
-    for key, ev in zip(suite, build_evaluators(suite)):
+    evaluators = build_evaluators(suite)
+    longest = max((eval_max_length(ev) for ev in evaluators), default=0)
+    device_map = choose_device_map(cfg.model, device, longest, any(getattr(ev, "generates", False)
+                                                                   for ev in evaluators))
+    handle = build_model(cfg.model, device=device, device_map=device_map)
+    for key, ev in zip(suite, evaluators):
         check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
                    key=f"eval.suite.{key}")
     path = handle.info.get("path", "")
@@ -174,6 +207,9 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
     handle.model.save_pretrained(out)
     handle.tokenizer.save_pretrained(out)
     save_method(out, method)
+    from harness.train.checkpoint import share
+
+    share(out)  # safetensors writes the weights 0600: teammates read them as they read rows (the umask's mode)
     info["checkpoint"] = str(out)
     return info
 
@@ -211,18 +247,40 @@ def resume_key(cfg) -> str:
     return results.config_hash({**groups, "code": train_code_version()})
 
 
-def evaluations(cfg, handle, method, run_dir: str | Path, suite: dict | None = None):
+def evaluations(cfg, handle, method, run_dir: str | Path, suite: dict | None = None, progress=None):
     """Run the evaluators of ``suite`` (default: the config's whole ``eval.suite``; ``harness.shards`` passes one
     entry restricted to one length) with one shared context; yields ``(entry, output, seconds, version)`` in suite
-    order (``version``: the evaluator's, :func:`eval_version`)."""
-    ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
-                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)))
+    order (``version``: the evaluator's, :func:`eval_version`). With ``eval_world_size`` > 1 the evaluators run in
+    that many data-parallel ranks (``harness.eval_distributed``) and the same tuples come back from rank 0."""
     if suite is None:
         suite = OmegaConf.to_container(cfg.eval.suite, resolve=True)
+    world = eval_world_size(cfg, handle)
+    if world > 1:
+        from harness.eval_distributed import evaluate_parallel
+
+        versions = [eval_version(ev) for ev in build_evaluators(suite)]
+        for (key, out, seconds), version in zip(evaluate_parallel(cfg, handle, method, run_dir, suite, world),
+                                                versions):
+            yield key, out, seconds, version
+        return
+    ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+                      batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
     for key, ev in zip(suite, build_evaluators(suite)):
+        ctx.entry = key
         t0 = time.time()
         out = ev.run(handle, method, ctx)
         yield key, out, round(time.time() - t0, 2), eval_version(ev)
+
+
+def eval_world_size(cfg, handle=None) -> int:
+    """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when the
+    loaded model is split over g of them; 1 on CPU) or an integer >= 1, resolved; one line naming the key
+    otherwise."""
+    from harness.eval_distributed import resolve_world_size
+    from harness.models import gpus_of
+
+    return resolve_world_size(cfg.get("eval_world_size", "auto"),
+                              gpus_per_replica=gpus_of(handle) if handle is not None else 1)
 
 
 def eval_version(ev) -> int:
@@ -230,14 +288,78 @@ def eval_version(ev) -> int:
     return int(getattr(ev, "version", 1))
 
 
-def evaluate(cfg, handle, method, row: dict, on_result=None) -> None:
-    for key, out, seconds, version in evaluations(cfg, handle, method, row["run_dir"]):
-        row["metrics"][key] = out
-        row.setdefault("eval_versions", {})[key] = version
-        row["timings"][f"eval.{key}"] = seconds
-        results.write_row(cfg.paths.results_dir, row)  # partial progress is never lost
-        if on_result:
-            on_result(key, row["metrics"][key])
+class EvalOutOfMemory(ConfigError):
+    """An evaluator ran out of accelerator memory: one line naming the suite entry, the input length and the device
+    (a ``ConfigError``: the fix is in the config, shorter lengths or more GPUs; the traceback goes to error.log)."""
+
+
+def evaluate(cfg, handle, method, row: dict, on_result=None, progress=None) -> None:
+    """Run the suite, writing the row after each evaluator (partial progress is never lost). An out-of-memory error
+    inside an evaluator becomes :class:`EvalOutOfMemory` ("eval.suite.<key>: out of memory at <L> tokens on <device>
+    (...)"); the length is the decoder's last input plus its cached tokens, recorded by a forward pre-hook on
+    ``handle.model.get_decoder()`` for the duration of the loop. ``progress`` (``harness.report.EvalProgress``) is
+    told of every finished prompt."""
+    import torch
+
+    keys = list(OmegaConf.to_container(cfg.eval.suite, resolve=True) or {})
+    seen: dict = {}
+    hook = _watch_lengths(handle, seen)
+    if progress is not None:
+        progress.tokens = seen  # progress lines say at which length the model is
+    done = 0
+    try:
+        for key, out, seconds, version in evaluations(cfg, handle, method, row["run_dir"], progress=progress):
+            done += 1
+            row["metrics"][key] = out
+            row.setdefault("eval_versions", {})[key] = version
+            row["timings"][f"eval.{key}"] = seconds
+            results.write_row(cfg.paths.results_dir, row)  # partial progress is never lost
+            if on_result:
+                on_result(key, row["metrics"][key])
+    except torch.OutOfMemoryError as e:  # torch.cuda.OutOfMemoryError is the same class
+        key = keys[done] if done < len(keys) else "?"
+        raise EvalOutOfMemory(_oom_line(f"eval.suite.{key}", e, seen, handle)) from e
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def _watch_lengths(handle, seen: dict):
+    """A forward pre-hook on the model's decoder that keeps, in ``seen``, the tokens of its latest input (new +
+    cached) and their device; returns the hook's handle (None for a model without ``get_decoder``)."""
+    get = getattr(handle.model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if decoder is None:
+        return None
+
+    def pre_hook(module, args, kwargs):
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = args[0] if args else None
+        n = int(x.shape[-1]) if x is not None else None
+        if n is None and kwargs.get("inputs_embeds") is not None:
+            x = kwargs["inputs_embeds"]
+            n = int(x.shape[-2])
+        cache = kwargs.get("past_key_values")
+        cached = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+        if n is not None:
+            seen.update(tokens=n + cached, new=n, cached=cached, device=str(x.device))
+
+    return decoder.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+
+def _oom_line(where: str, e: BaseException, seen: dict, handle) -> str:
+    from harness.models import model_devices
+
+    device = seen.get("device") or ", ".join(str(d) for d in model_devices(handle.model))
+    at = f"at {seen['tokens']} tokens" if "tokens" in seen else "before the model's first forward"
+    first = " ".join(str(e).split())
+    parts = [p for p in first.split(". ") if p][:3]  # torch's message: what it tried to allocate, what is free
+    detail = ". ".join(parts)[:240] or type(e).__name__
+    if seen.get("cached"):
+        detail += f"; {seen['new']} new + {seen['cached']} cached tokens"
+    return f"{where}: out of memory {at} on {device} ({detail}); use shorter eval lengths or spread the model over " \
+           f"more GPUs (device_map)"
 
 
 def finish(cfg, row: dict, error: BaseException | None = None) -> str | None:
@@ -280,11 +402,11 @@ def fail(cfg, row: dict, error: BaseException) -> str:
     return row["error"] + (f" [{problem}]" if problem else "")
 
 
-class Terminated(BaseException):
-    """SIGTERM (Slurm preemption or time limit, ``kill``): raised in the main thread so the row ends ``failed``."""
-
-
 def raise_on_sigterm() -> None:
+    """SIGTERM raises ``Terminated`` in the main thread (the row ends ``failed``). While the distributed engine's
+    torchrun runs, ``deepspeed_engine.launch`` holds SIGTERM / SIGUSR2 itself: it asks the ranks to save and stop,
+    waits for them, then raises ``Preempted`` (a ``Terminated``) naming the checkpoint's step."""
+
     def handler(signum, frame):
         raise Terminated(f"terminated by {signal.Signals(signum).name}")
 
@@ -352,11 +474,13 @@ def one_line(e: BaseException, lines: int = 1) -> str:
     return f"{type(e).__name__}: {' '.join(msg)}".strip()
 
 
-def fail_before_compose(results_dir: str, message: str) -> str | None:
-    """A run whose configuration cannot even be composed still leaves a failed row (and a one-line error).
-    Returns what could not be written (``None`` when the row was)."""
+def fail_before_compose(results_dir: str, message: str, names: dict | None = None) -> str | None:
+    """A run whose configuration cannot even be composed still leaves a failed row (and a one-line error), its group
+    columns the options the command line named (``names``, e.g. ``{"model": "hub"}``). Returns what could not be
+    written (``None`` when the row was)."""
     run_id = results.new_run_id()
     row = {k: None for k in results.ROW_FIELDS}
+    row.update({g: v for g, v in (names or {}).items() if g in results.GROUPS})
     row.update(schema=results.SCHEMA_VERSION, run_id=run_id, status="failed", error=message,
                time_start=results.now_iso(), time_end=results.now_iso(), command=" ".join(sys.argv),
                git_sha=results.git_sha(), metrics={}, timings={})

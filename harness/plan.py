@@ -17,13 +17,22 @@ Memory per rank (ZeRO-3, bf16 mixed precision, DeepSpeed AdamW, ``harness/train/
 Training FLOPs per token F = 4 N + 2 N_t + 12 l h q T_att (N = matmul weights incl. the LM head, N_t the trained
 ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn, or
 Landmark's 512-token training context).
-Evaluation FLOPs per prompt token at length L: 2 N + 4 l h q L (forward only; generated tokens not counted).
-GPU-seconds = FLOPs / (MFU x peak bf16 FLOP/s of the target GPU). Wall-clock of a point: training spreads over its
-``train.world_size`` ranks; evaluation runs in run.py's one process on one GPU (the node's other GPUs idle) unless
-it is split into shards (``+shard=``, docs/sweeps.md), so a point holds its node for train/W + eval hours. MFU
-comes from ``results/bench_gpu.json`` (the measured training step of a random model with the same layer shapes, at
-the nearest length) when that file exists from a GPU run, else from ``ASSUMED_MFU``, an assumption labelled as such
-in every output.
+Evaluation, per evaluator and length L (``eval_point``):
+- memory: ``harness.memory.eval_memory`` (weights + the KV cache of L tokens when the evaluator decodes + the
+  prefill's transient activations; its docstring has the formula), and the GPUs one input needs
+  (``harness.memory.gpus_needed`` with ``ASSUMED_USABLE_MEMORY`` of each GPU: layers split by ``device_map``, model
+  parallel when > 1);
+- prefill FLOPs per prompt token: 2 N + 4 l h q L (forward only), seconds = FLOPs / (MFU x peak bf16 FLOP/s);
+- decoding, memory-bandwidth bound: each generated token reads every weight and the whole KV cache, seconds per
+  token = (weights + KV cache at L) / (HBM bandwidth x ``ASSUMED_DECODE_EFFICIENCY``); generated tokens per prompt
+  come from the evaluator's settings (``gen_tokens``, ``max_new_tokens``, ``max_gen``, RULER's and LongBench's
+  per-task budgets): an upper bound, every prompt decodes its whole budget (a stop token ends some earlier);
+- GPU-hours = (prefill + decode seconds) x the GPUs one replica spans; wall-clock: the prompts are spread over the
+  node's GPUs, data-parallel (``eval_world_size``), in node GPUs // GPUs-per-replica replicas.
+Wall-clock of a point: training spreads over its ``train.world_size`` ranks, evaluation as above, so a point holds its
+node for train/W + its evaluation's wall hours. MFU comes from ``results/bench_gpu.json`` (the measured training
+step of a random model with the same layer shapes, at the nearest length) when that file exists from a GPU run,
+else from ``ASSUMED_MFU``, an assumption labelled as such in every output.
 """
 from __future__ import annotations
 
@@ -34,18 +43,37 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness import memory
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
 # Shapes of the models the cluster configs name (their HF config.json; local directories are read instead).
+_LLAMA2_7B = dict(layers=32, hidden=4096, mlp=11008, heads=32, kv_heads=32, head_dim=128, vocab=32000, mlp_mats=3,
+                 tied=False)  # meta-llama/Llama-2-7b-hf config.json
+# Shapes of the checkpoints the cluster configs name, by hub id (their config.json, for a plan made where the weights
+# are not: a local folder or a hub id in the local cache is read instead). The controlled study's released
+# checkpoints (conf/model/lceg/) are LLaMA2-7B fine-tuned.
 SHAPES = {
-    "llama2_7b": dict(layers=32, hidden=4096, mlp=11008, heads=32, kv_heads=32, head_dim=128, vocab=32000,
-                      mlp_mats=3, tied=False),  # meta-llama/Llama-2-7b-hf config.json
-    "phi2": dict(layers=32, hidden=2560, mlp=10240, heads=32, kv_heads=32, head_dim=80, vocab=51200, mlp_mats=2,
-                 tied=False),  # microsoft/phi-2 config.json (GELU MLP: 2 matrices)
+    "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
+    "microsoft/phi-2": dict(layers=32, hidden=2560, mlp=10240, heads=32, kv_heads=32, head_dim=80, vocab=51200,
+                            mlp_mats=2, tied=False),  # GELU MLP: 2 matrices
+    "meta-llama/Llama-3.1-8B": dict(layers=32, hidden=4096, mlp=14336, heads=32, kv_heads=8, head_dim=128,
+                                    vocab=128256, mlp_mats=3, tied=False),
+    "Qwen/Qwen2.5-7B": dict(layers=28, hidden=3584, mlp=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064,
+                            mlp_mats=3, tied=False),
+    "mistralai/Mistral-7B-v0.1": dict(layers=32, hidden=4096, mlp=14336, heads=32, kv_heads=8, head_dim=128,
+                                      vocab=32000, mlp_mats=3, tied=False),
+    **{f"Leooyii/{n}": _LLAMA2_7B for n in ("PI_32k_Slimpajama_1B", "NTK_32k_Slimpajama_1B", "NTK_64k_Slimpajama_1B",
+                                           "NTK_64k_Slimpajama_2B", "YaRN_32k_Slimpajama_1B",
+                                           "Longlora_32k_Slimpajama_1B", "Landmark_512_Slimpajama_1B")},
 }
 GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core FLOP/s (data sheets)
 GPU_MEMORY_GIB = {"A100": 80, "H100": 80, "H200": 141}
+GPU_HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}  # A100 80GB, H100 SXM, H200 (data sheets)
+ASSUMED_DECODE_EFFICIENCY = 0.5  # ASSUMPTION (not measured): share of the HBM bandwidth one decoding step achieves
+ASSUMED_USABLE_MEMORY = 0.95  # ASSUMPTION: share of a GPU's memory left to tensors (CUDA context, allocator slack)
+DEFAULT_NODE_GPUS = 8  # the paper's node (8 x A100) when no launcher names one
 ASSUMED_MFU = 0.35  # ASSUMPTION (not measured): model-FLOPs utilisation of a 7B Llama training step / prefill
 ASSUMED_DOC_TOKENS = 100_000  # ASSUMPTION: tokens of one PG19 / Proof-pile evaluation document when the data is absent
 ASSUMED_LONGBENCH_SAMPLES = 200  # ASSUMPTION: samples per LongBench task (most official test sets have 200)
@@ -81,21 +109,38 @@ class Shape:
     def matmul_params(self) -> int:  # N: every weight a token's forward multiplies (not the embedding lookup)
         return self.layers * (self.layer_params - 2 * self.hidden) + self.embed
 
+    def memory_shape(self) -> dict:
+        """The shape as ``harness.memory`` takes it."""
+        return dict(layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+                    head_dim=self.head_dim, vocab=self.vocab, mlp=self.mlp, params=self.params,
+                    mlp_mats=self.mlp_mats, tied=self.tied)
+
 
 def model_shape(cfg) -> Shape:
     m = cfg.model
     path = Path(str(m.get("path") or ""))
     if not path.is_absolute():
         path = ROOT / path
+    c = None
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
+    elif str(m.get("path") or "") not in SHAPES:
+        from harness.conf_utils import checkpoint_config
+
+        try:
+            c = checkpoint_config(str(m.get("path") or ""))  # a hub id in the local cache
+        except ValueError:
+            c = None
+    if c is not None:
         return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
                      c.get("num_key_value_heads") or c["num_attention_heads"],
                      c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["vocab_size"],
                      3, bool(c.get("tie_word_embeddings")))
-    if m.name not in SHAPES:
-        raise ValueError(f"plan: no shape known for model {m.name!r} (add it to harness.plan.SHAPES)")
-    return Shape(**SHAPES[m.name])
+    key = str(m.get("path") or "")
+    if key not in SHAPES:
+        raise ValueError(f"plan: no shape known for model {m.name!r} ({key!r} is neither a folder with a config.json, "
+                         f"a hub id in the local cache nor in harness.plan.SHAPES)")
+    return Shape(**SHAPES[key])
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -188,17 +233,89 @@ def evaluator_prompts(name: str, a: dict, lengths: list[int], limit: int | None)
     return {}, "not counted"
 
 
-def eval_plan(cfg, s: Shape, limit: int | None) -> dict:
+def gen_tokens_per_prompt(ev) -> tuple[float, str]:
+    """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from."""
+    a = ev.args
+    if not getattr(ev, "generates", False):
+        return 0, "no decoding"
+    name = getattr(a, "name", "")
+    cap = int(getattr(a, "max_new_tokens", 0) or 0)
+    if name == "ruler":
+        from harness.evals._ruler_data import TASKS
+        from harness.evals.templates import RULER_TASKS
+
+        over = dict(a.tokens_to_generate or {})
+        per = [int(over.get(t, over.get(TASKS[t][0], RULER_TASKS[TASKS[t][0]]["tokens_to_generate"])))
+               for t in a.tasks]
+        per = [min(cap, n) if cap > 0 else n for n in per]
+        return (sum(per) / len(per) if per else 0), "mean of RULER's per-task tokens_to_generate"
+    if name == "longbench":
+        from harness.evals._longbench_metrics import MAX_GEN
+
+        per = [MAX_GEN[t] if a.max_gen_cap <= 0 else min(MAX_GEN[t], a.max_gen_cap) for t in ev.task_list()]
+        return (sum(per) / len(per) if per else 0), "mean of LongBench's per-task dataset2maxlen"
+    if name == "helmet_recall" and hasattr(ev, "gen_tokens"):
+        per = [ev.gen_tokens(t) for t in a.tasks]
+        per = [min(cap, n) if cap > 0 else n for n in per]
+        return (sum(per) / len(per) if per else 0), "mean of the per-task generation_max_length"
+    for field in ("gen_tokens", "max_new_tokens", "max_gen"):
+        n = int(getattr(a, field, 0) or 0)
+        if n > 0:
+            return n, field
+    return 0, "generates, budget unknown: not counted"
+
+
+def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu: str, mfu: float,
+               node_gpus: int, itemsize: int = 2) -> dict:
+    """Memory, GPUs and time of ``prompts`` inputs of ``L`` tokens (the module docstring's formulas)."""
+    m = memory.eval_memory(s.memory_shape(), L, itemsize=itemsize, generates=generates,
+                           gen_tokens=math.ceil(gen))
+    usable = ASSUMED_USABLE_MEMORY * GPU_MEMORY_GIB[gpu] * memory.GIB
+    try:
+        gpus = memory.gpus_needed(m["total"], usable, transient=m["prefill"])
+    except ValueError:
+        gpus = None  # one layer's activations alone exceed a GPU
+    flops = prompts * L * (2 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * L)
+    prefill_s = flops / (mfu * GPU_PEAK_BF16[gpu])
+    read = (m["weights"] + memory.kv_cache_bytes(s.memory_shape(), L, itemsize)) if generates else 0
+    decode_s = prompts * gen * read / (GPU_HBM_BYTES_PER_S[gpu] * ASSUMED_DECODE_EFFICIENCY)
+    g = gpus or 1
+    replicas = max(1, node_gpus // g)
+    return {"prompts": prompts, "gen_tokens_per_prompt": gen, "generated_tokens": round(prompts * gen),
+            "memory_gib": {k: round(v / memory.GIB, 2) for k, v in m.items() if k != "decode_read"},
+            "peak_gib": round(m["total"] / memory.GIB, 2), "gpus_needed": gpus,
+            "model_parallel": gpus is None or gpus > 1, "replicas": replicas, "flops": flops,
+            "prefill_gpu_hours": prefill_s * g / 3600, "decode_gpu_hours": decode_s * g / 3600,
+            "gpu_hours": (prefill_s + decode_s) * g / 3600, "wall_hours": (prefill_s + decode_s) / replicas / 3600}
+
+
+def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = ASSUMED_MFU,
+              node_gpus: int = DEFAULT_NODE_GPUS) -> dict:
+    from harness.evals import build_evaluators
+
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
     lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
+    itemsize = 4 if str(cfg.model.get("dtype", "bfloat16")) == "float32" else 2
     out = {}
-    for key, node in suite.items():
+    for (key, node), ev in zip(suite.items(), build_evaluators(suite)):
         name = (node or {}).get("name") or key
         prompts, basis = evaluator_prompts(name, node or {}, lengths, limit)
-        tokens = sum(L * n for L, n in prompts.items())
-        flops = sum(n * L * (2 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * L) for L, n in prompts.items())
-        out[key] = {"evaluator": name, "prompts": sum(prompts.values()), "prompt_tokens": tokens, "flops": flops,
-                    "basis": basis}
+        gen, gen_basis = gen_tokens_per_prompt(ev)
+        generates = bool(getattr(ev, "generates", False))
+        per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize) for L, n in prompts.items()}
+        gpus = [p["gpus_needed"] for p in per.values()]
+        out[key] = {"evaluator": name, "prompts": sum(prompts.values()),
+                    "prompt_tokens": sum(L * n for L, n in prompts.items()),
+                    "flops": sum(p["flops"] for p in per.values()), "basis": basis, "generates": generates,
+                    "gen_tokens_per_prompt": gen, "gen_basis": gen_basis,
+                    "generated_tokens": sum(p["generated_tokens"] for p in per.values()),
+                    "prefill_gpu_hours": round(sum(p["prefill_gpu_hours"] for p in per.values()), 2),
+                    "decode_gpu_hours": round(sum(p["decode_gpu_hours"] for p in per.values()), 2),
+                    "gpu_hours": round(sum(p["gpu_hours"] for p in per.values()), 2),
+                    "wall_hours": round(sum(p["wall_hours"] for p in per.values()), 2),
+                    "peak_gib": max([p["peak_gib"] for p in per.values()] or [0]),
+                    "max_gpus_needed": None if None in gpus else max(gpus or [1]),
+                    "lengths": per}
     return out
 
 
@@ -224,9 +341,10 @@ def load_bench(path: str | Path | None = None) -> dict | None:
 
 @dataclass
 class PlanArgs:
-    gpu: str = "A100"  # GPU whose peak FLOP/s and memory the plan uses
+    gpu: str = "A100"  # GPU whose peak FLOP/s, memory and bandwidth the plan uses
     mfu: float = 0.0  # 0 = measured (results/bench_gpu.json) or ASSUMED_MFU
     bench: str = ""  # path of a bench_gpu.json ("" = results/bench_gpu.json)
+    node_gpus: int = 0  # GPUs of the node a point runs on (0 = the launcher's, else DEFAULT_NODE_GPUS)
 
 
 def point_plan(cfg, args: PlanArgs | None = None) -> dict:
@@ -271,13 +389,17 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
                         "memory_gib_per_rank": mem, "fits": mem["total"] <= GPU_MEMORY_GIB[args.gpu]}
     else:
         row["train"] = None
-    ev = eval_plan(cfg, s, limit)
-    for v in ev.values():
-        v["gpu_hours"] = round(v["flops"] / (mfu * peak) / 3600, 1)
+    node = args.node_gpus or DEFAULT_NODE_GPUS
+    ev = eval_plan(cfg, s, limit, args.gpu, mfu, node)
+    row["throughput"].update(hbm_bytes_per_s=GPU_HBM_BYTES_PER_S[args.gpu],
+                             decode_efficiency=ASSUMED_DECODE_EFFICIENCY, node_gpus=node,
+                             usable_memory=ASSUMED_USABLE_MEMORY)
     row["eval"] = ev
     row["eval_gpu_hours"] = round(sum(v["gpu_hours"] for v in ev.values()), 1)
+    row["eval_decode_gpu_hours"] = round(sum(v["decode_gpu_hours"] for v in ev.values()), 1)
+    row["eval_wall_hours"] = round(sum(v["wall_hours"] for v in ev.values()), 1)
     row["gpu_hours"] = round((row["train"] or {}).get("gpu_hours", 0) + row["eval_gpu_hours"], 1)
-    row["wall_hours"] = round((row["train"] or {}).get("wall_hours", 0) + row["eval_gpu_hours"], 1)  # eval: 1 GPU
+    row["wall_hours"] = round((row["train"] or {}).get("wall_hours", 0) + row["eval_wall_hours"], 1)
     return row
 
 
@@ -286,15 +408,34 @@ PAPER_BUDGET = ("Lu et al. 2024 say only that fine-tuning used '8 NVIDIA A100 GP
                 "reported, so the estimate cannot be checked against the paper, only against the 8-GPU node.")
 
 
+def node_gpus(launcher: dict | None) -> int:
+    """GPUs one job holds: the launcher's ``gpus_per_node`` x ``nodes``, else the paper's 8-GPU node."""
+    return int((launcher or {}).get("gpus_per_node") or DEFAULT_NODE_GPUS) * int((launcher or {}).get("nodes") or 1)
+
+
+def model_parallel(rows: list[dict]) -> list[dict]:
+    """Every (evaluator, length) of the sweep whose input needs more than one GPU (or fits on none), once."""
+    seen: dict = {}
+    for r in rows:
+        for key, v in r["eval"].items():
+            for L, p in v["lengths"].items():
+                if p["model_parallel"] and (key, L) not in seen:
+                    seen[(key, L)] = {"evaluator": key, "length": L, "gpus_needed": p["gpus_needed"],
+                                      "peak_gib": p["peak_gib"]}
+    return sorted(seen.values(), key=lambda x: (x["evaluator"], x["length"]))
+
+
 def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
-    gpus = int((launcher or {}).get("gpus_per_node") or 8) * int((launcher or {}).get("nodes") or 1)
+    gpus = node_gpus(launcher)
     train_h = sum((r["train"] or {}).get("gpu_hours", 0) for r in rows)
     eval_h = sum(r["eval_gpu_hours"] for r in rows)
     wall = sum(r["wall_hours"] for r in rows)
     out = {"points": len(rows), "train_gpu_hours": round(train_h, 1), "eval_gpu_hours": round(eval_h, 1),
+           "eval_decode_gpu_hours": round(sum(r["eval_decode_gpu_hours"] for r in rows), 1),
+           "eval_wall_hours": round(sum(r["eval_wall_hours"] for r in rows), 1),
            "gpu_hours": round(train_h + eval_h, 1), "gpus_per_job": gpus, "wall_hours": round(wall, 1),
            "node_hours_held": round(wall, 1), "gpu_hours_held": round(wall * gpus, 1),
-           "days_on_one_node": round(wall / 24, 1), "paper": PAPER_BUDGET}
+           "days_on_one_node": round(wall / 24, 1), "model_parallel": model_parallel(rows), "paper": PAPER_BUDGET}
     if launcher:
         per_attempt = int(launcher.get("timeout_min") or 0) / 60
         attempts = 1 + int(launcher.get("max_num_timeout") or 0)

@@ -6,19 +6,27 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from harness.evals._progress import EvalProgress  # noqa: F401 - run.py's evaluation progress, beside the training bar
+
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console()  # results: the summary table and the row path
 
 
 class TrainProgress:
-    def __init__(self):
+    """The fine-tuning bar (``progress(step, total, loss, tokens_per_s, lr)``); ``on_step`` also gets every step
+    (``tracking``: loss, learning rate and tokens/s to wandb)."""
+
+    def __init__(self, on_step=None):
+        self.on_step = on_step
         self.p = Progress(TextColumn("fine-tune"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                           TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
                           TimeRemainingColumn(), console=console, transient=False,
                           refresh_per_second=2)  # its render thread: ~0.8% of a core at rich's default 10 Hz
         self.task = None
 
-    def __call__(self, step, total, loss, tps):
+    def __call__(self, step, total, loss, tps, lr=None):
+        if self.on_step is not None:
+            self.on_step(step, total, loss, tps, lr)
         if self.task is None:
             self.p.start()
             self.task = self.p.add_task("train", total=total, loss=loss, tps=tps)

@@ -55,6 +55,7 @@ class Row(TypedDict, total=False):
     data: str                      # ... the training data
     train: str                     # ... the recipe; "none" for a frozen run
     eval: str                      # ... the suite
+    model_info: dict | None        # what was loaded and how it ran: path, window, device / GPUs, dtype, attention
     method_params: dict            # the method's parameters as applied (lengths resolved)
     train_info: dict | None        # what fine-tuning did (steps, tokens, schedule, EMA, the convergence gate); None
     metrics: dict                  # {suite entry: evaluator output}, e.g. metrics["passkey"]["accuracy"]["1024"]
@@ -86,7 +87,14 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
+# top-level keys that say where and how a run executes, not what it measures: a configuration keeps its hash (and a
+# study its finished points, a sharded run its id) when they change or when a newer harness adds them
+NOT_IN_CONFIG_HASH = ("device", "eval_world_size")
+
+
 def config_hash(cfg: dict) -> str:
+    if isinstance(cfg, dict):
+        cfg = {k: v for k, v in cfg.items() if k not in NOT_IN_CONFIG_HASH}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -147,14 +155,21 @@ def atomic_write_json(path: str | Path, obj) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """``atomic_write_json`` for text. An ``OSError`` names ``path`` (not the temporary file)."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def atomic_write(path: str | Path, writer) -> None:
+    """``writer(f)`` fills a temporary binary file beside ``path``, which then replaces ``path`` in one rename:
+    readers see the old file or the complete new one, and a failure (a full disk) leaves the old one and no
+    temporary file. The file gets the umask's permissions (``FILE_MODE``). An ``OSError`` names ``path``."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -325,12 +340,61 @@ def liveness(row: dict, mtime: float | None = None) -> str:
     return "running"
 
 
+REQUIRED_KEYS = ("run_id", "status")  # what every reader of rows relies on (a failed pre-compose row has them too)
+
+
+def row_problem(text: bytes) -> tuple[dict | None, str | None]:
+    """``(row, None)`` for the bytes of a row file that is a UTF-8 JSON object with string ``REQUIRED_KEYS``, else
+    ``(None, why)``: empty, not UTF-8, not JSON (truncated), JSON that is not an object, or a key missing."""
+    if not text.strip():
+        return None, "empty file"
+    try:
+        s = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte 0x{text[e.start]:02x} at offset {e.start})"
+    try:
+        obj = json.loads(s)
+    except ValueError as e:
+        return None, f"not JSON, truncated? ({e})"
+    if not isinstance(obj, dict):
+        return None, f"a JSON {type(obj).__name__}, not an object"
+    bad = [k for k in REQUIRED_KEYS if not isinstance(obj.get(k), str)]
+    if bad:
+        return None, f"no {' / '.join(bad)} (a row has string keys {', '.join(REQUIRED_KEYS)})"
+    return obj, None
+
+
+def read_row_file(path: str | Path, warn=None) -> dict | None:
+    """The row in ``path``, or None after one warning naming the file and why it is not a row (``row_problem``, or
+    the OS error). The one reader of row files: ``make status``, the tables and the findings all go through it."""
+    warn = warn or (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        row, why = row_problem(Path(path).read_bytes())
+    except OSError as e:
+        row, why = None, f"unreadable ({e.strerror or type(e).__name__})"
+    if why:
+        warn(f"warning: skipping {path}: {why}")
+    return row
+
+
+def read_rows_in(directory: str | Path, with_mtime: bool = False) -> list:
+    """Every row (``*.json``) directly in ``directory``, sorted by file name; anything that is not a row is skipped
+    with one warning (``read_row_file``). ``with_mtime``: ``(row, file mtime)`` pairs."""
+    out = []
+    for f in sorted(Path(directory).glob("*.json")):
+        row = read_row_file(f)
+        if row is None:
+            continue
+        if with_mtime:
+            try:
+                out.append((row, f.stat().st_mtime))
+            except OSError:  # removed since it was read
+                out.append((row, None))
+        else:
+            out.append(row)
+    return out
+
+
 def read_rows(results_dir: str | Path) -> list[dict]:
-    """Every intact row under ``results_dir/runs`` (malformed files are skipped with a warning)."""
-    rows = []
-    for f in sorted(Path(results_dir, "runs").glob("*.json")):
-        try:
-            rows.append(json.loads(f.read_text()))
-        except (json.JSONDecodeError, OSError) as e:
-            print(f"warning: skipping unreadable row {f}: {e}", file=sys.stderr)
-    return rows
+    """Every row under ``results_dir/runs`` (anything else there is skipped with a warning naming it)."""
+    return read_rows_in(Path(results_dir, "runs"))

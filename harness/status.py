@@ -4,23 +4,17 @@ Without ``--all``: unfinished and failed rows only."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from harness.results import age_s, liveness
+from harness.results import age_s, liveness, read_rows_in
 
 
 def _row_states(results_dir: str) -> list[tuple[dict, str]]:
-    out = []
-    for f in sorted(Path(results_dir, "runs").glob("*.json")):
-        try:
-            row = json.loads(f.read_text())
-            out.append((row, liveness(row, mtime=f.stat().st_mtime)))
-        except (OSError, ValueError) as e:
-            print(f"warning: skipping unreadable row {f}: {e}", file=sys.stderr)
-    return out
+    """Every row with its state; a file that is not a row is skipped with a warning (``results.read_rows_in``)."""
+    return [(row, liveness(row, mtime=mtime)) for row, mtime in read_rows_in(Path(results_dir, "runs"),
+                                                                              with_mtime=True)]
 
 
 def _fmt_age(iso) -> str:

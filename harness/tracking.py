@@ -10,6 +10,9 @@ class _Null:
     def log(self, key, value):
         pass
 
+    def log_step(self, step, total, loss, tokens_per_s, lr=None):
+        pass
+
     def finish(self, row):
         pass
 
@@ -31,6 +34,13 @@ class _Wandb:
                         flat[f"{key}/{metric}/{L}"] = x
         if flat:
             self.run.log(flat)
+
+    def log_step(self, step, total, loss, tokens_per_s, lr=None):
+        """One fine-tuning step: loss, learning rate and throughput, streamed as training goes."""
+        m = {"train/loss": loss, "train/tokens_per_s": tokens_per_s, "train/progress": step / max(1, total)}
+        if lr is not None:
+            m["train/lr"] = lr
+        self.run.log(m, step=step)
 
     def finish(self, row):
         self.run.summary["status"] = row["status"]

@@ -23,7 +23,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     from harness.tables.findings import write
 
-    p = write(a.results, a.out, a.model, a.runs)
+    try:
+        p = write(a.results, a.out, a.model, a.runs)
+    except OSError as e:  # a full or read-only disk: findings.md is written by a rename, so the previous one stays
+        print(f"make findings: cannot write {e.filename or ''}: {e.strerror or e} (the previous version is kept)",
+              file=sys.stderr)
+        return 1
     text = p.read_text()
     verdicts = [line.rsplit("| **", 1)[-1].split("**")[0] for line in text.splitlines()
                 if line.startswith("| (") and "| **" in line]  # the findings table (not the per-seed one)

@@ -25,7 +25,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     from harness.tables import build_all
 
-    out = build_all(a.results, a.tables, a.figures, figures=not a.no_figures, runs_dir=a.runs)
+    try:
+        out = build_all(a.results, a.tables, a.figures, figures=not a.no_figures, runs_dir=a.runs)
+    except OSError as e:  # a full or read-only disk: every file is written by a rename, so the previous ones stay
+        print(f"make tables: cannot write {e.filename or ''}: {e.strerror or e} (the previous version is kept)",
+              file=sys.stderr)
+        return 1
     print(f"{out['rows']} rows -> {len(out['tables'])} tables, {len(out['figures'])} figure files "
           f"in {time.time() - t0:.1f}s")
     for t in out["tables"]:

@@ -1,6 +1,7 @@
 """Cost plan of a sweep before a cluster run: per sweep point, memory per rank under ZeRO-3 at the training length,
-tokens to train, prompt tokens per evaluator, GPU-hours from a stated throughput (``harness/plan.py`` has the
-formulas and every assumption).
+tokens to train, per evaluator and length the peak memory of one input and the GPUs it needs (model parallel when
+more than one), prompt and generated tokens, GPU-hours from a stated throughput (``harness/plan.py`` has the formulas
+and every assumption).
 
     python scripts/plan.py experiment=paper_llama2 hydra/launcher=slurm_a100      # the Table-1 sweep
     python scripts/plan.py experiment=paper_llama2 --gpu H100 --mfu 0.4           # another GPU / throughput
@@ -13,6 +14,7 @@ each is composed exactly as run.py composes it. Throughput: the MFU measured by 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,10 +33,14 @@ def build(overrides: list[str], args: plan.PlanArgs) -> dict:
         cfg = sweeps.compose(job, with_hydra=True)
         if launcher is None and any(o.startswith("hydra/launcher=") for o in overrides):
             launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+        if not args.node_gpus:
+            args = dataclasses.replace(args, node_gpus=plan.node_gpus(launcher))
         rows.append({"overrides": [o for o in job if not o.startswith("hydra")], **plan.point_plan(cfg, args)})
     return {"command": "python scripts/plan.py " + " ".join(overrides), "gpu": args.gpu, "points": rows,
             "summary": plan.sweep_summary(rows, launcher),
             "assumptions": {"ASSUMED_MFU": plan.ASSUMED_MFU, "ASSUMED_DOC_TOKENS": plan.ASSUMED_DOC_TOKENS,
+                            "ASSUMED_DECODE_EFFICIENCY": plan.ASSUMED_DECODE_EFFICIENCY,
+                            "ASSUMED_USABLE_MEMORY": plan.ASSUMED_USABLE_MEMORY,
                             "ASSUMED_LONGBENCH_SAMPLES": plan.ASSUMED_LONGBENCH_SAMPLES,
                             "ASSUMED_TREC_ITEMS": plan.ASSUMED_TREC_ITEMS,
                             "ASSUMED_TOKENS_PER_SHOT": plan.ASSUMED_TOKENS_PER_SHOT}}
@@ -47,7 +53,7 @@ def show(p: dict) -> None:
     con = Console(width=160)
     t = Table(title=f"{p['command']}  (GPU: {p['gpu']})")
     for col in ("point", "train T", "tokens", "steps", "mem/rank GiB (state / activations)", "fits",
-                "train GPU-h", "eval prompt tokens", "eval GPU-h", "GPU-h", "wall h"):
+                "train GPU-h", "eval prompt tokens", "eval GPU-h (decode)", "eval wall h", "GPU-h", "wall h"):
         t.add_column(col, justify="left" if col == "point" else "right")
     for r in p["points"]:
         tr = r["train"]
@@ -61,25 +67,38 @@ def show(p: dict) -> None:
         else:
             cells = ["frozen", "-", "-", "-", "-", "0"]
         ev_tokens = sum(v["prompt_tokens"] for v in r["eval"].values())
-        t.add_row(r["row"], *cells, f"{ev_tokens / 1e6:.0f}M", f"{r['eval_gpu_hours']:.0f}", f"{r['gpu_hours']:.0f}",
-                  f"{r['wall_hours']:.0f}")
+        t.add_row(r["row"], *cells, f"{ev_tokens / 1e6:.0f}M",
+                  f"{r['eval_gpu_hours']:.0f} ({r['eval_decode_gpu_hours']:.0f})", f"{r['eval_wall_hours']:.0f}",
+                  f"{r['gpu_hours']:.0f}", f"{r['wall_hours']:.0f}")
     con.print(t)
     first = p["points"][0]
-    con.print(f"throughput: {first['throughput']['source']}; peak {first['throughput']['peak_bf16_flops']:.3g} "
-              f"FLOP/s ({p['gpu']} bf16 dense)")
-    con.print("eval prompt tokens of the first point, per evaluator:")
+    tp = first["throughput"]
+    con.print(f"throughput: {tp['source']}; peak {tp['peak_bf16_flops']:.3g} FLOP/s ({p['gpu']} bf16 dense); decoding "
+              f"memory-bound at {tp['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM x ASSUMPTION efficiency "
+              f"{tp['decode_efficiency']}; evaluation spread over the node's {tp['node_gpus']} GPUs (data-parallel "
+              f"replicas of the GPUs one input needs)")
+    show_memory(con, p)
+    con.print("evaluation of the first point, per evaluator (generated tokens: every prompt's whole budget, an upper "
+              "bound):")
     for k, v in first["eval"].items():
-        con.print(f"  {k}: {v['prompts']:,} prompts, {v['prompt_tokens'] / 1e6:,.1f}M tokens, "
-                  f"{v['gpu_hours']:.0f} GPU-h ({v['basis']})")
+        con.print(f"  {k}: {v['prompts']:,} prompts, {v['prompt_tokens'] / 1e6:,.1f}M prompt tokens "
+                  f"({v['basis']}); {v['generated_tokens']:,} generated ({v['gen_tokens_per_prompt']:.4g} per prompt, "
+                  f"{v['gen_basis']}); {v['gpu_hours']:.0f} GPU-h (decode {v['decode_gpu_hours']:.0f}), "
+                  f"wall {v['wall_hours']:.1f} h")
     tr = next((r["train"] for r in p["points"] if r["train"]), None)
     if tr:
         con.print(f"memory per rank of a {tr['seq_len']}-token point: "
                   + ", ".join(f"{k} {v}" for k, v in tr["memory_gib_per_rank"].items()))
     s = p["summary"]
     con.print(f"sweep: {s['points']} points, {s['gpu_hours']:,.0f} GPU-hours of compute (training "
-              f"{s['train_gpu_hours']:,.0f}, evaluation {s['eval_gpu_hours']:,.0f}); wall {s['wall_hours']:,.0f} h = "
-              f"{s['days_on_one_node']} days of one {s['gpus_per_job']}-GPU node ({s['gpu_hours_held']:,.0f} GPU-hours "
-              f"held): evaluation runs on one GPU of the node unless sharded (+shard=, docs/sweeps.md)")
+              f"{s['train_gpu_hours']:,.0f}, evaluation {s['eval_gpu_hours']:,.0f} of which decoding "
+              f"{s['eval_decode_gpu_hours']:,.0f}); wall {s['wall_hours']:,.0f} h (evaluation "
+              f"{s['eval_wall_hours']:,.0f}) = {s['days_on_one_node']} days of one {s['gpus_per_job']}-GPU node "
+              f"({s['gpu_hours_held']:,.0f} GPU-hours held)")
+    if s["model_parallel"]:
+        con.print("  model parallel (one input spans several GPUs, device_map): " + ", ".join(
+            f"{x['evaluator']} at {x['length']} ({x['gpus_needed'] or 'no number of'} GPUs, {x['peak_gib']} GiB)"
+            for x in s["model_parallel"]))
     if s.get("points_needing_requeues"):
         con.print(f"  wall over one {s['timeout_hours_per_attempt']:.0f} h attempt (requeued, resumes): "
                   + ", ".join(f"{x['row']} ({x['wall_hours']} h, {x['attempts']} attempts)"
@@ -89,15 +108,53 @@ def show(p: dict) -> None:
     con.print(f"paper: {s['paper']}")
 
 
+def length_groups(lengths: dict) -> list[tuple[list[int], list[dict]]]:
+    """Consecutive lengths needing the same number of GPUs, grouped (NIAH's 40-length grid stays readable)."""
+    groups: list[tuple[list[int], list[dict]]] = []
+    for L in sorted(lengths, key=int):
+        p = lengths[L]
+        if groups and groups[-1][1][-1]["gpus_needed"] == p["gpus_needed"] and len(lengths) > 8:
+            groups[-1][0].append(int(L))
+            groups[-1][1].append(p)
+        else:
+            groups.append(([int(L)], [p]))
+    return groups
+
+
+def show_memory(con, p: dict) -> None:
+    """Per evaluator and length: peak memory of one input (weights / KV cache / prefill) and the GPUs it needs, for
+    the point that evaluates the most lengths (the memory depends on the model and the length, not the method)."""
+    from rich.table import Table
+
+    widest = max(p["points"], key=lambda r: sum(len(v["lengths"]) for v in r["eval"].values()))
+    t = Table(title=f"memory of one evaluation input ({p['gpu']}: {plan.GPU_MEMORY_GIB[p['gpu']]} GiB, ASSUMPTION "
+                    f"{plan.ASSUMED_USABLE_MEMORY:.0%} usable; point {widest['row']})")
+    for col in ("evaluator", "length", "peak GiB", "weights / KV cache / prefill GiB", "GPUs", "model parallel",
+                "gen tokens / prompt", "GPU-h", "wall h"):
+        t.add_column(col, justify="left" if col == "evaluator" else "right")
+    for key, v in widest["eval"].items():
+        for Ls, ps in length_groups(v["lengths"]):
+            hi = ps[-1]["memory_gib"]
+            span = str(Ls[0]) if len(Ls) == 1 else f"{Ls[0]}..{Ls[-1]} ({len(Ls)})"
+            peak = f"{ps[-1]['peak_gib']:.1f}" if len(ps) == 1 else f"{ps[0]['peak_gib']:.1f}..{ps[-1]['peak_gib']:.1f}"
+            g = ps[-1]["gpus_needed"]
+            t.add_row(key, span, peak, f"{hi['weights']:.1f} / {hi['kv_cache']:.1f} / {hi['prefill']:.1f}",
+                      str(g) if g else "none", "YES" if ps[-1]["model_parallel"] else "no",
+                      f"{ps[-1]['gen_tokens_per_prompt']:.4g}", f"{sum(x['gpu_hours'] for x in ps):.1f}",
+                      f"{sum(x['wall_hours'] for x in ps):.1f}")
+    con.print(t)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for run.py -m")
     ap.add_argument("--gpu", default="A100", choices=sorted(plan.GPU_PEAK_BF16))
     ap.add_argument("--mfu", type=float, default=0.0, help="use this MFU instead of measured / assumed")
     ap.add_argument("--bench", default="", help="a bench_gpu.json (default results/bench_gpu.json if present)")
+    ap.add_argument("--node-gpus", type=int, default=0, help="GPUs per job (default: the launcher's, else 8)")
     ap.add_argument("--json", default="", help="also write the plan as JSON here")
     a = ap.parse_args(argv)
-    p = build(a.overrides, plan.PlanArgs(gpu=a.gpu, mfu=a.mfu, bench=a.bench))
+    p = build(a.overrides, plan.PlanArgs(gpu=a.gpu, mfu=a.mfu, bench=a.bench, node_gpus=a.node_gpus))
     show(p)
     if a.json:
         atomic_write_json(a.json, p)

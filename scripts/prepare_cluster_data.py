@@ -4,6 +4,8 @@ and evaluate on compute nodes with ``HF_HUB_OFFLINE=1`` from local files only.
     python scripts/prepare_cluster_data.py --root /data/lceg                 # everything
     python scripts/prepare_cluster_data.py --root /data/lceg --only models  # just the weights
     python scripts/prepare_cluster_data.py --root /data/lceg --dry-run      # print the plan, download nothing
+    python scripts/prepare_cluster_data.py --only lceg_release              # the paper's released checkpoints
+    python scripts/prepare_cluster_data.py --only models_today              # Llama-3.1-8B, Qwen2.5-7B, Mistral-7B
     export HARNESS_DATA_ROOT=/data/lceg                                     # conf/data/slimpajama_upsampled.yaml
 
 What it fetches (each step is skipped when its ``.done`` marker exists, so an interrupted run can be repeated):
@@ -11,6 +13,10 @@ What it fetches (each step is skipped when its ``.done`` marker exists, so an in
 - models: ``meta-llama/Llama-2-7b-hf`` (gated: accept the licence on the hub and ``huggingface-cli login`` first)
   and ``microsoft/phi-2`` into the Hugging Face cache (``HF_HOME``), where ``conf/model/{llama2_7b,phi2}.yaml``
   resolve their hub ids with ``local_files_only``;
+- lceg_release (only with ``--only lceg_release``, ~13 GB each): the controlled study's released fine-tuned
+  checkpoints, every ``path`` of ``conf/model/lceg/*.yaml`` (``experiment=lceg_release``);
+- models_today (only with ``--only models_today``): ``conf/model/{llama3_1_8b,qwen2_5_7b,mistral_7b}.yaml``'s hub
+  ids (Llama-3.1 is gated like Llama-2: accept its licence first);
 - slimpajama: the first ``--slimpajama-shards`` shards of ``cerebras/SlimPajama-627B`` ``train/chunk1``
   (``*.jsonl.zst``, records with ``meta.redpajama_set_name``) into ``<root>/slimpajama`` -- the input of
   ``data=slimpajama_upsampled``, which streams them with Fu et al.'s per-source length upsampling. Short
@@ -32,17 +38,37 @@ import time
 from pathlib import Path
 
 MODELS = {"llama2_7b": "meta-llama/Llama-2-7b-hf", "phi2": "microsoft/phi-2"}
+CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
+TODAY = ("llama3_1_8b", "qwen2_5_7b", "mistral_7b")
 SLIMPAJAMA = "cerebras/SlimPajama-627B"
 PG19 = "emozilla/pg19-test"
 PROOFPILE = "hoskinson-center/proof-pile"
-STEPS = ("models", "slimpajama", "pg19", "proofpile")
+STEPS = ("models", "slimpajama", "pg19", "proofpile")  # the default: what the study needs
+OPT_IN = ("lceg_release", "models_today")             # large downloads, only when named with --only
+
+
+def hub_ids(step: str) -> dict[str, str]:
+    """model option -> hub id of a model step, read from the model YAMLs (their ``path``), so the pre-fetch list
+    and the configs never disagree."""
+    import yaml
+
+    if step == "models":
+        return dict(MODELS)
+    files = sorted((CONF_MODEL / "lceg").glob("*.yaml")) if step == "lceg_release" else \
+        [CONF_MODEL / f"{n}.yaml" for n in TODAY]
+    out = {}
+    for f in files:
+        node = yaml.safe_load(f.read_text())
+        out[node["name"]] = node["path"]
+    return out
 
 
 def plan(a) -> list[tuple[str, str]]:
     out = []
-    if "models" in a.only:
-        out += [("models", f"{repo} -> Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')})")
-                for repo in MODELS.values()]
+    for step in ("models", *OPT_IN):
+        if step in a.only:
+            out += [(step, f"{repo} -> Hugging Face cache ({os.environ.get('HF_HOME', '~/.cache/huggingface')})")
+                    for repo in hub_ids(step).values()]
     if "slimpajama" in a.only:
         out.append(("slimpajama", f"SlimPajama {SLIMPAJAMA}: "
                                   f"train/chunk1/example_train_{{0..{a.slimpajama_shards - 1}}}"
@@ -58,12 +84,15 @@ def _done(root: Path, step: str) -> Path:
     return root / f".{step}.done"
 
 
-def fetch_models(root: Path) -> dict:
-    from huggingface_hub import snapshot_download
+def fetch_models(root: Path, step: str = "models") -> dict:
+    from huggingface_hub import list_repo_files, snapshot_download
 
     got = {}
-    for name, repo in MODELS.items():
-        path = snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    for name, repo in hub_ids(step).items():
+        weights = ["*.safetensors"]
+        if not any(f.endswith(".safetensors") for f in list_repo_files(repo)):
+            weights = ["*.bin"]  # a checkpoint saved without safetensors (pytorch_model*.bin)
+        path = snapshot_download(repo, allow_patterns=["*.json", *weights, "tokenizer*", "*.model", "*.txt"])
         got[name] = {"repo": repo, "path": path}
     return got
 
@@ -96,7 +125,7 @@ def fetch_eval_texts(root: Path, which: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default=os.environ.get("HARNESS_DATA_ROOT", "data"))
-    p.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--only", nargs="+", choices=STEPS + OPT_IN, default=list(STEPS))
     p.add_argument("--slimpajama-shards", type=int, default=200)
     p.add_argument("--dry-run", action="store_true", help="print what would be fetched and exit")
     a = p.parse_args(argv)
@@ -116,8 +145,8 @@ def main(argv=None) -> int:
         if _done(root, step).exists():
             continue
         t0 = time.time()
-        if step == "models":
-            got = fetch_models(root)
+        if step in ("models", *OPT_IN):
+            got = fetch_models(root, step)
         elif step == "slimpajama":
             got = fetch_slimpajama(root, a.slimpajama_shards)
         else:

@@ -6,11 +6,13 @@
     python scripts/render_sbatch.py experiment=paper_llama2 --out -          # print it
     python scripts/render_sbatch.py experiment=entropy_abf hydra.launcher.timeout_min=600 --out slurm/x.sbatch
 
-The generated script runs ``python run.py <point overrides> hydra.run.dir=<fixed per array task>`` with ``srun`` on
-the allocation (fine-tuning inside it: the distributed engine's torchrun over the node's GPUs). Requeue: ``--requeue``
-(preemption) and ``--signal=B:USR1@<signal_delay_s>`` + a trap that calls ``scontrol requeue`` near the time limit;
-the requeued task runs in the same directory, so its row keeps its run_id and training resumes from the newest
-checkpoint. Multi-node training (nodes > 1) is not rendered: see harness/train/deepspeed_engine.py.
+The generated script runs ``python run.py <point overrides> hydra.run.dir=<fixed per array task>`` with ``srun
+--cpus-per-task=<cpus_per_task>`` on the allocation (srun >= 22.05 no longer inherits it from sbatch: its one task,
+run.py and the ranks torchrun starts over the node's GPUs, would get one CPU). Requeue: ``--requeue`` (preemption)
+and ``--signal=B:USR1@<signal_delay_s>`` + a trap that, near the time limit, sends SIGUSR2 to run.py (its training
+saves a checkpoint and stops), waits for it and calls ``scontrol requeue``; the requeued task runs in the same
+directory, so its row keeps its run_id and training resumes from the newest checkpoint. Multi-node training
+(nodes > 1) is not rendered: see harness/train/deepspeed_engine.py.
 """
 from __future__ import annotations
 
@@ -46,13 +48,14 @@ def render(overrides: list[str], name: str | None = None) -> str:
     if int(lc.get("nodes") or 1) != 1:
         raise SystemExit("render_sbatch: only nodes=1 is rendered (multi-node: see harness/train/deepspeed_engine.py)")
     gpus = int(lc.get("gpus_per_node") or 0)
+    cpus = int(OmegaConf.select(cfgs[0], "hydra.launcher.cpus_per_task") or 1)  # srun >= 22.05 does not inherit it
     for c in cfgs:
         t = c.train
         if t.get("enabled") and t.get("engine") == "deepspeed" and int(t.get("world_size", 1)) != gpus:
             raise SystemExit(f"render_sbatch: train.world_size={t.world_size} but the job has {gpus} GPUs")
     out_dir = f"{cfgs[0].paths.output_dir}/slurm/{name}"
     sb = [f"--job-name={name}", "--nodes=1", "--ntasks-per-node=1", f"--gpus-per-node={gpus}",
-          f"--cpus-per-task={lc.get('cpus_per_task')}", f"--mem={lc.get('mem_gb')}G",
+          f"--cpus-per-task={cpus}", f"--mem={lc.get('mem_gb')}G",
           f"--time={_time(lc['timeout_min'])}"]
     site = []
     for key in ("partition", "account", "qos", "constraint"):
@@ -86,11 +89,16 @@ def render(overrides: list[str], name: str | None = None) -> str:
         "# one directory per array task, the same after a requeue: the row keeps its run_id, training resumes from",
         "# its newest checkpoint (keyed by config fingerprint under paths.ckpt_dir)",
         f'RUN_DIR={out_dir}/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}',
-        "trap 'echo \"$(date): time limit near, requeueing\"; scontrol requeue \"$SLURM_JOB_ID\"; exit 0' USR1",
+        "# near the time limit: USR2 to run.py (through srun), whose training ranks save a checkpoint and stop",
+        "# (harness/train/deepspeed_engine.py, Preemption); then requeue. A preemption's SIGTERM does the same.",
+        "trap 'echo \"$(date): time limit near: saving, then requeueing\"; kill -USR2 \"$SRUN_PID\" || true; "
+        "wait \"$SRUN_PID\" || true; scontrol requeue \"$SLURM_JOB_ID\"; exit 0' USR1",
         "# the training inside run.py is the distributed engine's: "
         "torchrun --nproc_per_node=train.world_size on this node",
-        f'srun --ntasks=1 --gpus-per-node={gpus} python run.py $OVERRIDES hydra.run.dir="$RUN_DIR" &',
-        "wait $!",
+        f'srun --ntasks=1 --cpus-per-task={cpus} --gpus-per-node={gpus} python run.py $OVERRIDES '
+        'hydra.run.dir="$RUN_DIR" &',
+        "SRUN_PID=$!",
+        'wait "$SRUN_PID"',
         "",
     ]
     return "\n".join(lines)

@@ -5,6 +5,8 @@
 ``run.py ... train.engine=deepspeed`` writes the spec (resolved config, fingerprint, checkpoint directory) and
 starts this itself; run it by hand to resume a job or to start it on several nodes (``torchrun --nnodes``).
 Rank 0 writes ``<spec dir>/final/model.safetensors`` (gathered, EMA-averaged weights) and ``final/info.json``.
+On SIGUSR2 / SIGTERM the ranks save a checkpoint at the next step boundary and exit with ``PREEMPTED_EXIT`` (85);
+rank 0 writes ``<spec dir>/preempted.json`` (see ``harness.train.deepspeed_engine``, "Preemption").
 """
 from __future__ import annotations
 
@@ -26,15 +28,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    from harness.train.deepspeed_engine import train_rank
+    from harness.train.deepspeed_engine import PREEMPTED_EXIT, train_rank
 
-    train_rank(argv[0], started=T0)
+    info = train_rank(argv[0], started=T0)
+    code = PREEMPTED_EXIT if info and info.get("preempted_at_step") else 0  # stopped on SIGUSR2 / SIGTERM, saved
     # The work is done and written (rank 0 saved the weights before the final barrier). Leave without the interpreter's
     # teardown: a collective library's C++ thread destroyed there occasionally aborts a rank ("terminate called without
     # an active exception", seen once in a test run), which torchrun would report as a failed job.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,20 @@ def test_no_pickle_load_of_training_state():
     assert not offenders, offenders
 
 
-@pytest.mark.parametrize("damage", ["truncate model", "garbage state json", "delete state tensors"])
+def _flip_tensor_bytes(path: Path, n: int = 64) -> None:
+    """Invert ``n`` bytes in the middle of a safetensors file's tensor data: its size and JSON header stay intact,
+    so it still loads (into different weights)."""
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")  # u64 header length, then the header, then the tensor bytes
+    mid = start + (len(raw) - start) // 2
+    raw[mid:mid + n] = bytes(b ^ 0xFF for b in raw[mid:mid + n])
+    size = path.stat().st_size
+    path.write_bytes(bytes(raw))
+    assert path.stat().st_size == size
+
+
+@pytest.mark.parametrize("damage", ["truncate model", "garbage state json", "delete state tensors",
+                                    "flip tensor bytes", "flip optimizer bytes"])
 def test_corrupt_newest_checkpoint_falls_back_with_warning(tmp_path, capsys, damage):
     ckpt = tmp_path / "ck"
     _run(ckpt, keep_checkpoints=True)  # leaves step_2 and step_4 (the previous one is the fallback)
@@ -89,6 +102,14 @@ def test_corrupt_newest_checkpoint_falls_back_with_warning(tmp_path, capsys, dam
     elif damage == "garbage state json":
         bad = newest / "train_state.json"
         bad.write_text("{not json")
+    elif damage == "flip tensor bytes":  # same size, same header: only the content digest tells
+        bad = newest / "model.safetensors"
+        _flip_tensor_bytes(bad)
+        from safetensors.torch import load_file
+        assert load_file(str(bad))  # still loads without complaint
+    elif damage == "flip optimizer bytes":
+        bad = newest / "train_state.safetensors"
+        _flip_tensor_bytes(bad)
     else:
         bad = newest / "train_state.safetensors"
         bad.unlink()
@@ -109,6 +130,19 @@ def test_finished_run_cleans_up_unless_asked_to_keep(tmp_path):
     assert sorted(d.name for d in (tmp_path / "b").glob("step_*")) == ["step_2", "step_4"]
     meta = json.loads((tmp_path / "b" / "step_4" / "meta.json").read_text())
     assert meta["key"] == "fp" and meta["step"] == 4 and meta["files"]["model.safetensors"] > 0
+
+
+def test_checkpoint_files_get_the_umask_permissions(tmp_path):
+    """Checkpoint files are readable by teammates as rows are (the umask's mode), not safetensors' 0600; meta.json
+    records a SHA-256 per file."""
+    from harness.results import FILE_MODE
+
+    _run(tmp_path / "ck", keep_checkpoints=True)
+    d = tmp_path / "ck" / "step_4"
+    modes = {f.name: f.stat().st_mode & 0o777 for f in d.iterdir()}
+    assert modes and set(modes.values()) == {FILE_MODE}, modes
+    meta = json.loads((d / "meta.json").read_text())
+    assert set(meta["sha256"]) == set(meta["files"]) and all(len(h) == 64 for h in meta["sha256"].values())
 
 
 def test_publish_prunes_dead_writers_and_keeps_live_ones(tmp_path):

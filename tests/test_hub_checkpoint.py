@@ -74,3 +74,21 @@ def test_a_missing_or_wrong_path_is_one_line_and_a_row_naming_the_model(tmp_path
     assert len(err) == 1 and err[0].startswith(line), p.stderr
     (row,) = [json.loads(f.read_text()) for f in (tmp_path / "results" / "runs").glob("*.json")]
     assert (row["status"], row["model"], row["method"]) == ("failed", "hub", "base")
+
+
+def test_run_py_on_a_checkpoint_folder_writes_an_ok_row_that_says_what_ran(tmp_path):
+    d = _checkpoint(tmp_path, name="my-ckpt")
+    env = {"HARNESS_RESULTS_DIR": str(tmp_path / "results"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
+           "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    p = subprocess.run([sys.executable, "run.py", "model=hub", f"model.path={d}", "method=yarn", "train=none",
+                        "eval=quick", "eval.lengths=[512,1024]", "eval.suite.passkey.samples=2",
+                        "eval.suite.ppl_books.samples=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (row,) = [json.loads(f.read_text()) for f in (tmp_path / "results" / "runs").glob("*.json")]
+    info = row["model_info"]
+    assert (row["status"], row["model"]) == ("ok", "my-ckpt")
+    assert (info["native_ctx"], info["dtype"], info["device"], info["attn_implementation"]) == (512, "float32", "cpu",
+                                                                                               "sdpa")
+    assert row["metrics"]["passkey"]["accuracy"].keys() == {"512", "1024"}
+    assert "eval passkey: 2/2 prompts at " in p.stderr  # progress in a log (no terminal): a line per prompt set

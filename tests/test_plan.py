@@ -20,7 +20,7 @@ def table1():
 
 
 def test_llama2_shape_is_the_published_parameter_count():
-    s = plan.Shape(**plan.SHAPES["llama2_7b"])
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
     assert s.params == 6_738_415_616  # LLaMA-2-7B
     assert s.matmul_params == s.params - s.embed - (2 * 32 + 1) * 4096
 
@@ -28,7 +28,7 @@ def test_llama2_shape_is_the_published_parameter_count():
 def test_table1_points_tokens_memory_flops(table1):
     rows = {r["row"]: r for r in table1["points"]}
     assert len(rows) == 12 and {"LLaMA2", "PI", "LongLoRA", "Landmark", "NTK-64K-2B"} <= set(rows)
-    s = plan.Shape(**plan.SHAPES["llama2_7b"])
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
     pi = rows["PI"]["train"]
     assert pi["seq_len"] == 32768 and pi["steps"] == 10**9 // (32 * 32768) == 953
     assert pi["tokens"] == 953 * 32 * 32768 and pi["world_size"] == 8
@@ -77,4 +77,89 @@ def test_throughput_source_is_labelled_and_measured_mfu_is_used(table1, tmp_path
     assert row["train"]["gpu_hours"] == pytest.approx(pi["train"]["gpu_hours"] * plan.ASSUMED_MFU / 0.5, rel=1e-2)
     s = table1["summary"]
     assert s["gpus_per_job"] == 8 and s["timeout_hours_per_attempt"] == 24
-    assert s["wall_hours"] >= s["gpu_hours"] / 8
+    # nothing runs faster than all 8 GPUs busy (each point's train and eval wall hours are rounded to 0.1 h)
+    assert s["wall_hours"] * 8 >= s["gpu_hours"] - 2 * 0.05 * 8 * s["points"]
+
+
+# ------------------------------------------------------------------------------ evaluation memory and generation
+GIB = 2**30
+
+
+def test_niah_at_128k_needs_two_gpus_and_every_length_has_its_peak(table1):
+    """The issue: NIAH to 128k does not fit one 80 GB A100 (KV cache 62.5 GiB + weights 12.6 GiB + prefill), so the
+    plan puts it on 2 GPUs (model parallel); 64k fits one. Every evaluator and length carries its peak memory."""
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    pi = {r["row"]: r for r in table1["points"]}["PI"]["eval"]
+    niah = pi["niah"]["lengths"]
+    assert max(niah) == 128000 and len(niah) == 40
+    top = niah[128000]
+    assert top["memory_gib"]["kv_cache"] == 62.5  # 2 x 32 x 32 x 128 x 128000 x 2 bytes
+    assert top["memory_gib"]["weights"] == round(2 * s.params / GIB, 2) == 12.55
+    assert top["memory_gib"]["prefill"] == round(128000 * 2 * (4 * 4096 + 3 * 11008 + 2 * 128) / GIB, 2)  # the MLP
+    assert 80 < top["peak_gib"] < 88 and top["gpus_needed"] == 2 and top["model_parallel"]
+    assert top["replicas"] == 4  # 8 GPUs of the node, 2 per replica
+    assert niah[min(niah, key=lambda L: abs(L - 65536))]["gpus_needed"] == 1
+    for key, v in pi.items():
+        for L, p in v["lengths"].items():
+            assert p["peak_gib"] > 12.5 and p["gpus_needed"] >= 1, (key, L)
+    ppl = pi["ppl_pg19"]["lengths"][65536]  # no KV cache: PPL at 64k is the weights plus one layer's activations
+    assert ppl["memory_gib"]["kv_cache"] == 0 and not ppl["model_parallel"]
+    mp = table1["summary"]["model_parallel"]
+    assert {"evaluator": "niah", "length": 128000, "gpus_needed": 2, "peak_gib": top["peak_gib"]} in mp
+    assert {x["evaluator"] for x in mp} == {"niah"}
+
+
+def test_evaluation_gpu_hours_count_generated_tokens(table1):
+    """Decoding is memory-bandwidth bound: per generated token, weights + KV cache at L read at the A100's HBM
+    bandwidth x the assumed efficiency; generated tokens per prompt from each evaluator's settings."""
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    row = {r["row"]: r for r in table1["points"]}["PI"]
+    ev = row["eval"]
+    assert ev["passkey"]["gen_tokens_per_prompt"] == 8 and ev["niah"]["gen_tokens_per_prompt"] == 50
+    assert ev["ruler"]["gen_tokens_per_prompt"] == pytest.approx((8 * 128 + 30 + 120 + 50 + 2 * 32) / 13)
+    assert ev["manyshot_trec"]["gen_tokens_per_prompt"] == 64
+    assert ev["ppl_pg19"]["generated_tokens"] == 0 and ev["ppl_pg19"]["decode_gpu_hours"] == 0
+    pk = ev["passkey"]["lengths"][65536]
+    read = 2 * s.params + 2 * 32 * 32 * 128 * 65536 * 2
+    assert pk["decode_gpu_hours"] == pytest.approx(50 * 8 * read / (2.0e12 * plan.ASSUMED_DECODE_EFFICIENCY) / 3600)
+    prefill = 50 * 65536 * (2 * s.matmul_params + 4 * 32 * 32 * 128 * 65536) / (plan.ASSUMED_MFU * 312e12) / 3600
+    assert pk["prefill_gpu_hours"] == pytest.approx(prefill)
+    assert pk["wall_hours"] == pytest.approx((prefill + pk["decode_gpu_hours"]) / 8)  # 8 replicas of one GPU
+    top = ev["niah"]["lengths"][128000]  # two GPUs per replica: GPU-hours x 2, wall over 4 replicas
+    assert top["gpu_hours"] == pytest.approx(2 * 4 * top["wall_hours"])
+    assert row["eval_decode_gpu_hours"] > 0
+    assert row["eval_gpu_hours"] == pytest.approx(sum(v["gpu_hours"] for v in ev.values()), abs=0.1)
+    assert row["eval_gpu_hours"] == pytest.approx(
+        sum(v["prefill_gpu_hours"] + v["decode_gpu_hours"] for v in ev.values()), abs=0.2)
+    assert row["wall_hours"] == pytest.approx(row["train"]["wall_hours"] + row["eval_wall_hours"], abs=0.1)
+
+
+def test_h200_holds_niah_at_128k_on_one_gpu_and_the_plan_prints_it(capsys):
+    """A composed config with NIAH at 131072 (2^17) tokens: 64 GiB of KV cache; one H200, two A100s."""
+    script = plan_script()
+    over = ["experiment=paper_llama2", "point=paper_llama2/pi", "eval.suite.niah.context_lengths=[1000,131072,3]"]
+    p = script.build(over, plan.PlanArgs(bench="/none", gpu="H200"))
+    niah = p["points"][0]["eval"]["niah"]["lengths"]
+    assert sorted(niah) == [1000, 66036, 131072]
+    assert niah[131072]["memory_gib"]["kv_cache"] == 64.0 and niah[131072]["gpus_needed"] == 1  # 141 GiB
+    assert p["summary"]["model_parallel"] == []
+    a100 = script.build(over, plan.PlanArgs(bench="/none"))
+    assert a100["points"][0]["eval"]["niah"]["lengths"][131072]["gpus_needed"] == 2
+    script.show(a100)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "niah" in ln and "131072" in ln and "│" in ln)
+    cells = [c.strip() for c in line.strip("│ ").split("│")]
+    assert cells[:2] == ["niah", "131072"] and cells[4:6] == ["2", "YES"], cells
+    assert "model parallel (one input spans several GPUs, device_map): niah at 131072 (2 GPUs" in " ".join(out.split())
+
+
+def test_every_hub_model_yaml_has_a_shape_for_the_plan():
+    """A cluster plan needs each hub model's shape where the weights are not: every model YAML with a hub id has
+    one (by hub id: the shape is a fact of the checkpoint)."""
+    import yaml
+
+    from harness.conf_utils import CONF_DIR
+
+    ids = [yaml.safe_load(p.read_text()).get("path") for p in sorted((CONF_DIR / "model").rglob("*.yaml"))]
+    hub_ids = [i for i in ids if isinstance(i, str) and "/" in i and not i.startswith(("/", "."))]
+    assert len(hub_ids) >= 12 and all(i in plan.SHAPES for i in hub_ids), [i for i in hub_ids if i not in plan.SHAPES]

@@ -45,3 +45,11 @@ def test_finding_count_matches_the_report():
     n = len(FINDINGS)
     stated = re.findall(r"the paper's (\w+) findings", README)
     assert stated and all(s in (str(n), words.get(n)) for s in stated), stated
+
+
+def test_every_model_option_the_readme_names_exists():
+    row = next(line for line in README.splitlines() if line.startswith("| `model` |"))
+    named = set(re.findall(r"`([a-z0-9_]+)`", row.split("|")[2]))
+    yamls = {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")}
+    assert named and named <= yamls, sorted(named - yamls)
+    assert yamls <= named, sorted(yamls - named)  # and every model YAML is named

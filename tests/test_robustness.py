@@ -269,3 +269,166 @@ def test_rows_and_run_files_readable_by_teammates(tmp_path):
     if old == 0o022:
         p = results.write_row(tmp_path / "r", {"run_id": "y", "status": "ok"})
         assert os.stat(p).st_mode & 0o777 == 0o644
+
+
+# ------------------------------------------------------------------------------------------ stray files, full disks
+STRAY = {"truncated.json": b'{"run_id": "t", "status": "o', "empty.json": b"",
+         "latin1.json": '{"run_id": "l", "status": "ok", "method": "caf\u00e9"}'.encode("latin-1"),
+         "a_list.json": b'[{"run_id": "x", "status": "ok"}]', "no_keys.json": b'{"metrics": {}}'}
+
+
+def _study_rows(tmp: Path) -> Path:
+    """A results dir with three real rows (the tables' test rows) and one file of every stray kind."""
+    from test_tables import make_row, write_rows
+
+    res = write_rows(tmp, [make_row(tmp, "r1-base", "base", train="none"), make_row(tmp, "r2-pi", "pi"),
+                           make_row(tmp, "r3-yarn", "yarn")])
+    for name, data in STRAY.items():
+        (res / "runs" / name).write_bytes(data)
+    return res
+
+
+def _script(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_stray_row_files_cost_one_warning_each_in_status_tables_and_findings(tmp_path):
+    """A results dir holding a truncated, an empty, a non-UTF-8, a JSON-list and a keyless row file beside real rows:
+    ``make status``, ``make tables`` and ``make findings`` exit 0, each with one warning per stray file naming it and
+    why, and use the real rows."""
+    res = _study_rows(tmp_path)
+    why = {"truncated.json": "not JSON", "empty.json": "empty", "latin1.json": "not UTF-8",
+           "a_list.json": "JSON list, not an object", "no_keys.json": "no run_id / status"}
+    runs = [("status", ["-m", "harness.status", str(res), "--all"]),
+            ("tables", [str(ROOT / "scripts/make_tables.py"), "--results", str(res), "--no-figures"]),
+            ("findings", [str(ROOT / "scripts/make_findings.py"), "--results", str(res)])]
+    for what, args in runs:
+        r = _script(*args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (what, r.stderr[-3000:])
+        warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: skipping")]
+        for name, reason in why.items():
+            mine = [ln for ln in warnings if str(res / "runs" / name) in ln]
+            assert len(mine) == 1 and reason in mine[0], (what, name, warnings)
+        assert len(warnings) == len(STRAY), (what, warnings)
+    assert "3 rows" in _script("-m", "harness.status", str(res)).stdout
+    assert (res / "tables" / "index.md").read_text().count("3 rows read") == 1
+    assert "r2-pi" in (res / "findings.md").read_text()
+
+
+def test_full_disk_during_make_tables_keeps_the_previous_tables(tmp_path):
+    """``make tables`` / ``make findings`` into a disk that fills: exit 1 with one line naming the file, every
+    previously written table and findings.md intact, no temporary file left behind."""
+    res = _study_rows(tmp_path)
+    with _tmpfs(tmp_path / "disk", size="4m") as disk:
+        tables, findings = disk / "tables", disk / "findings.md"
+        ok = _script(str(ROOT / "scripts/make_tables.py"), "--results", str(res), "--tables", str(tables),
+                     "--no-figures")
+        assert ok.returncode == 0, ok.stderr[-2000:]
+        assert _script(str(ROOT / "scripts/make_findings.py"), "--results", str(res), "--out", str(findings)
+                       ).returncode == 0
+        before = {p.name: p.read_bytes() for p in [*tables.iterdir(), findings]}
+        assert any(n.endswith(".tex") for n in before) and all(before.values())
+        from test_tables import make_row, write_rows
+
+        write_rows(tmp_path, [make_row(tmp_path, f"r{i}-{m}", m, train=t) for i, (m, t) in enumerate(
+            [("ntk_dynamic", "tiny"), ("self_extend", "none"), ("clex", "tiny"), ("abf", "tiny")], 4)])  # bigger
+        with open(disk / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        for what, args in (("tables", [str(ROOT / "scripts/make_tables.py"), "--results", str(res), "--tables",
+                                       str(tables), "--no-figures"]),
+                           ("findings", [str(ROOT / "scripts/make_findings.py"), "--results", str(res), "--out",
+                                         str(findings)])):
+            r = _script(*args)
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("warning: skipping")]
+            assert r.returncode == 1 and "Traceback" not in r.stderr and len(lines) == 1, (what, r.stderr[-3000:])
+            assert "No space left on device" in lines[0] and str(disk) in lines[0], lines
+        after = {p.name: p.read_bytes() for p in [*tables.iterdir(), findings]}
+        assert after == before
+
+
+# ------------------------------------------------------------------------------------------ errors naming key or file
+@pytest.mark.parametrize("override,says", [
+    ("model.dtype=float8", "model.dtype: unknown weights dtype 'float8' (valid: float32, bfloat16, float16)"),
+    ("seed=abc", "seed: 'abc' is not a seed (valid: an integer"),
+    ("model.path={tok}", "model.path: {tok} has no tokenizer files (valid: a folder with one of tokenizer.json"),
+])
+def test_bad_model_settings_name_the_key_before_the_model_loads(tmp_path, monkeypatch, override, says):
+    from harness import models
+    from harness.conf_utils import compose
+    from harness.config import ConfigError
+
+    tok = tmp_path / "no_tokenizer"  # a model folder without its tokenizer
+    tok.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (tok / f).symlink_to(ROOT / "harness/assets/tiny_llama" / f)
+    cfg = compose(["method=base", "train=none", "eval=quick", override.format(tok=tok)])
+    monkeypatch.setattr(models, "load_pretrained", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(ConfigError) as e:
+        pipeline.validate(cfg)
+    assert str(e.value).startswith(says.format(tok=tok)), str(e.value)
+
+
+def test_malformed_longbench_line_names_file_and_line(tmp_path):
+    from harness.config import ConfigError
+    from harness.evals.longbench import FIXTURES, load_task
+
+    good = (FIXTURES / "narrativeqa.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    bad = tmp_path / "narrativeqa.jsonl"
+    bad.write_text(good + "\n\n" + '{"input": "q", "context": "unterminated\n' + good + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"longbench: {bad} line 3: not JSON \(Unterminated string"):
+        load_task(tmp_path, "narrativeqa")
+    bad.write_text(good + "\n[1, 2]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"longbench: {bad} line 2 lacks fields"):
+        load_task(tmp_path, "narrativeqa")
+
+
+@pytest.mark.parametrize("damage", ["pickled object array", "truncated", "wrong shape", "not numpy"])
+def test_corrupt_data_cache_is_rebuilt_with_a_warning(tmp_path, capsys, damage):
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    from harness.data import cached_chunks
+
+    @dataclass
+    class Args:
+        name: str = "mix"
+        cache_dir: str = str(tmp_path / "cache")
+        seed: int = 0
+
+    class Tok:
+        def get_vocab(self):
+            return {"a": 0, "b": 1}
+
+    want = np.arange(4 * 16, dtype=np.int32).reshape(4, 16)
+    built = []
+
+    def build():
+        built.append(1)
+        return want.copy()
+
+    first = cached_chunks(Args(), Tok(), 16, 64, build)
+    path = next((tmp_path / "cache").glob("*.npy"))
+    assert np.array_equal(first, want) and len(built) == 1
+    del first
+    if damage == "pickled object array":
+        np.save(path, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "wrong shape":
+        np.save(path, want.reshape(8, 8))
+    else:
+        path.write_bytes(b"\x00garbage" * 40)
+    capsys.readouterr()
+    again = cached_chunks(Args(), Tok(), 16, 64, build)
+    err = capsys.readouterr().err
+    assert np.array_equal(again, want) and len(built) == 2
+    assert err.count("warning:") == 1 and f"warning: data cache {path} is unusable" in err and "rebuilding" in err, err
+    cached_chunks(Args(), Tok(), 16, 64, build)  # the rebuilt file is used as is
+    assert len(built) == 2 and not capsys.readouterr().err

@@ -163,6 +163,8 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
         assert f"#SBATCH {flag}\n" in text, (flag, text)
     assert text.count("#SBATCH --requeue") == 1
     assert 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    # srun >= 22.05 does not inherit --cpus-per-task: without this its task (run.py + 8 ranks) gets one CPU
+    assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in text
     assert "srun" in text and "-m submitit.core._submit" in text
     # the command each array task runs: run.py's task function with that point's overrides
     pickles = sorted(sweep_dir.glob(".submitit/**/*_submitted.pkl"))
@@ -190,8 +192,11 @@ def test_plain_sbatch_template(tmp_path):
                  "--partition=a100-part", "--account=acct-42", "--array=0-11%16", "--requeue", "--signal=B:USR1@180"):
         assert f"#SBATCH {flag}\n" in text, flag
     assert "'point=paper_llama2/ntk_64k_2b experiment=paper_llama2'" in text
-    assert 'srun --ntasks=1 --gpus-per-node=8 python run.py $OVERRIDES hydra.run.dir="$RUN_DIR" &' in text
-    assert "scontrol requeue" in text
+    assert ('srun --ntasks=1 --cpus-per-task=64 --gpus-per-node=8 python run.py $OVERRIDES hydra.run.dir="$RUN_DIR" &'
+            in text)  # 8 cores per GPU; srun >= 22.05 does not inherit --cpus-per-task from sbatch
+    assert "scontrol requeue" in text and 'kill -USR2 "$SRUN_PID"' in text  # save, then requeue
+    four = sweeps.compose(["hydra/launcher=slurm_a100", "hydra.launcher.gpus_per_node=4"], with_hydra=True)
+    assert four.hydra.launcher.cpus_per_task == 32  # follows the GPUs: 8 cores per GPU
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
     committed = ROOT / "slurm" / "paper_llama2.sbatch"
     if committed.exists():  # the committed template is the rendering of the committed config

@@ -279,11 +279,14 @@ def test_memory_check_refuses_what_cannot_fit(monkeypatch):
 
     h = ModelHandle(random_llama(hidden=64, heads=4, layers=2, ctx=64), None, "random", 64, {})
     monkeypatch.setattr(models, "available_memory", lambda device: 3 << 20)  # 3 MiB free
-    # KV cache: 2 layers x (K, V) x 4 heads x 16 dims x 4 bytes = 1 KiB per token
-    models.check_fits(h, 512, generates=True, key="eval.suite.passkey")  # 512 KiB: fits
-    with pytest.raises(ConfigError, match=r"eval.suite.passkey: an input of 4096 tokens needs at least 4.0 MiB"):
+    # KV cache: 2 layers x (K, V) x 4 heads x 16 dims x 4 bytes = 1 KiB per token; prefill (harness.memory): one
+    # layer at its peak, 3 x 64 + 4 x 64 + 3 x 64 + 2 x 16 = 672 fp32 values = 2688 bytes per token
+    models.check_fits(h, 512, generates=True, key="eval.suite.passkey")  # 512 KiB + 1344 KiB: fits
+    with pytest.raises(ConfigError, match=r"eval.suite.passkey: an input of 4096 tokens needs about 14.5 MiB beyond "
+                                          r"the weights \(KV cache 4.0 MiB \+ prefill activations 10.5 MiB"):
         models.check_fits(h, 4096, generates=True, key="eval.suite.passkey")
-    models.check_fits(h, 1024, generates=False, key="eval.suite.ppl")  # one layer's K/V + 2 hidden states: 1 MiB
+    # no cache: one layer, 1024 x 2688 bytes (the LM head's chunk: 1024 x 64 x 4 + 1024 x 256 x 8, less)
+    models.check_fits(h, 1024, generates=False, key="eval.suite.ppl")  # 2.6 MiB: fits
 
 
 # ------------------------------------------------------------------------------------------------ the command line

@@ -69,7 +69,12 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = Path(args.cache_dir) / f"{args.name}-{seq_len}-{digest}.npy"
     if path.exists():
-        return np.load(path, mmap_mode="r")
+        arr, why = _load_cache(path, seq_len)
+        if arr is not None:
+            return arr
+        import sys
+
+        print(f"warning: data cache {path} is unusable ({why}); rebuilding it", file=sys.stderr, flush=True)
     out = build()
     arr, stats = out if isinstance(out, tuple) else (out, None)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +90,27 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
         tmp.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)
     return np.load(path, mmap_mode="r")
+
+
+def _load_cache(path: Path, seq_len: int) -> tuple[np.ndarray | None, str | None]:
+    """``(array, None)`` for a cache file that loads (without pickles) as ``[n, seq_len]`` integer token ids of the
+    shape its ``.json`` recorded, else ``(None, why)``: a truncated, overwritten or foreign file is rebuilt, not
+    trusted and not a failure."""
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return None, f"{type(e).__name__}: {msg[:120]}"
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.shape[1] != seq_len or arr.dtype.kind not in "iu":
+        return None, f"holds {getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}, not " \
+                     f"[n, {seq_len}] token ids"
+    try:
+        recorded = json.loads(path.with_suffix(".json").read_text()).get("shape")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded is not None and list(arr.shape) != list(recorded):
+        return None, f"shape {list(arr.shape)}, {recorded} when written"
+    return arr, None
 
 
 def build_data(cfg, tokenizer, seq_len: int, n_tokens: int) -> np.ndarray:

@@ -11,6 +11,14 @@ range: evaluation lengths that are not positive integers or exceed :data:`MAX_EV
 and whatever an evaluator's own ``check(native_ctx, where)`` / ``check_data(where)`` hooks refuse (e.g. a PPL data
 directory that is missing, empty or not text). ``max_length()`` (the longest input an evaluator builds) feeds the
 memory check made once the model is loaded (``harness.models.check_fits``).
+
+Data-parallel evaluation (``eval_world_size`` > 1, ``harness.eval_distributed``): every rank runs the same evaluator
+on its own replica with an ``EvalContext`` that knows its ``rank`` and ``world_size``. ``ctx.map(fn, items)`` (or
+``ctx.map_blocks`` for batched work) gives each rank one contiguous block of ``items`` and returns the full ordered
+list of results on every rank, so everything after it (scores, intervals, records) is computed from the same list as
+in a single process. Only the main rank writes (``ctx.is_main``; :func:`write_jsonl` writes nothing in the other
+ranks). An evaluator whose prompt loop goes through ``ctx.map`` says so with ``data_parallel = True``; one without it
+runs whole on every rank (correct, no faster).
 """
 from __future__ import annotations
 
@@ -42,11 +50,84 @@ class EvalContext:
     autocast: str = "auto"  # compute dtype: auto (bf16 where the hardware has it) | bfloat16 | float32
     batch_tokens: int = 8192  # windows of one length scored together up to this many tokens (0 = one at a time)
     nll_cache: dict | None = field(default_factory=dict)  # window NLLs shared by one run's evaluators; None = off
+    rank: int = 0  # this process's rank in a data-parallel evaluation (harness.eval_distributed)
+    world_size: int = 1  # ranks evaluating together; 1 = one process (map is a plain loop)
+    group: Any = None  # the torch.distributed process group (None = the default group)
+    computed: int = 0  # items of map / map_blocks this process computed itself (what its rank contributed)
+    entry: str = ""  # the suite entry being evaluated (progress lines name it)
+    progress: Any = None  # progress(entry, done, total) after each prompt of map (harness.report.EvalProgress)
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes (samples JSONL, outputs): rank 0."""
+        return self.rank == 0
 
     def samples_path(self, evaluator: str) -> Path:
         p = Path(self.run_dir) / "samples" / f"{evaluator}.jsonl"
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if self.is_main:
+            p.parent.mkdir(parents=True, exist_ok=True)
         return p
+
+    def map(self, fn, items) -> list:
+        """``[fn(x) for x in items]``; with several ranks each computes one contiguous block (order preserved, so a
+        prefix-reuse order stays one within a block) and every rank gets the whole ordered list back."""
+        items = list(items)
+        if self.world_size == 1:
+            self.computed += len(items)
+            return self._each(fn, items)
+        return self.map_blocks(lambda block: self._each(fn, block), items)
+
+    def _each(self, fn, items: list) -> list:
+        """``[fn(x) for x in items]``, reporting each finished item to ``progress`` (the main rank's own block in a
+        data-parallel run)."""
+        if self.progress is None or not self.is_main:
+            return [fn(x) for x in items]
+        out = []
+        for x in items:
+            out.append(fn(x))
+            self.progress(self.entry or "eval", len(out), len(items))
+        return out
+
+    def map_blocks(self, fn, items, align: int = 1) -> list:
+        """``fn(items)`` (a list of results, one per item, in order) computed block-wise: each rank calls ``fn`` once
+        on its contiguous block (block edges at multiples of ``align``, e.g. a batch size, so batches are the ones
+        one process would form), and the blocks' results are all-gathered in rank order. One rank: ``fn(items)``."""
+        items = list(items)
+        if self.world_size == 1:
+            self.computed += len(items)
+            out = list(fn(items))
+            if self.progress is not None and items:
+                self.progress(self.entry or "eval", len(items), len(items))
+            return out
+        lo, hi = block_bounds(len(items), self.rank, self.world_size, align)
+        self.computed += hi - lo
+        mine = list(fn(items[lo:hi])) if hi > lo else []
+        if len(mine) != hi - lo:
+            raise RuntimeError(f"map_blocks: fn returned {len(mine)} results for {hi - lo} items")
+        import torch.distributed as dist
+
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, mine, group=self.group)
+        return [r for part in parts for r in part]
+
+
+def block_bounds(n: int, rank: int, world: int, align: int = 1) -> tuple[int, int]:
+    """``[lo, hi)`` of rank ``rank``'s contiguous block of ``n`` items split over ``world`` ranks: units of ``align``
+    items, as even as possible, the first ranks taking one unit more."""
+    align = max(1, int(align))
+    units = -(-n // align)
+    base, extra = divmod(units, world)
+    start = rank * base + min(rank, extra)
+    end = start + base + (1 if rank < extra else 0)
+    return min(n, start * align), min(n, end * align)
+
+
+_WRITER = [True]  # False in the non-main ranks of a data-parallel evaluation
+
+
+def set_writer(main: bool) -> None:
+    """Make :func:`write_jsonl` write (the main rank, a single process) or not (the other ranks)."""
+    _WRITER[0] = bool(main)
 
 
 @runtime_checkable
@@ -135,6 +216,8 @@ def split_lengths(lengths, handle, method) -> tuple[list[int], dict]:
 
 
 def write_jsonl(path: Path, records) -> None:
+    if not _WRITER[0]:  # a non-main rank of a data-parallel evaluation: rank 0 writes the records
+        return
     try:
         with open(path, "a", encoding="utf-8") as f:
             for r in records:

@@ -447,7 +447,12 @@ class RulerGenerator:
         self.tok, self.seed = tokenizer, seed
         # None: RULER's answer prefix as is (it starts with a space); a string (HELMET: "\n") replaces that space
         self.answer_prefix_join = answer_prefix_join
-        self.model_template = RULER_MODEL_TEMPLATES.get(model_template, model_template)
+        if model_template == "tokenizer":  # the checkpoint's own chat template (an instruct model)
+            from harness.evals.templates import tokenizer_chat_template
+
+            self.model_template = tokenizer_chat_template(tokenizer, "task_template")
+        else:
+            self.model_template = RULER_MODEL_TEMPLATES.get(model_template, model_template)
         self.essay_dir, self.paths = essay_dir, {"squad": squad_path, "hotpotqa": hotpotqa_path}
         self.ttg_override = dict(tokens_to_generate or {})
         self.small_threshold, self.vt_icl_length = small_threshold, vt_icl_length

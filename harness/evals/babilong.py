@@ -349,6 +349,7 @@ def read_release(files: list[Path], n: int) -> list[dict]:
 
 @EVALS.register("babilong")
 class Babilong:
+    data_parallel = True  # prompts decoded through ctx.map (each task x length)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -429,6 +430,7 @@ class Babilong:
         per_sample: dict = {t: {} for t in a.tasks}
         task_ci: dict = {t: {} for t in a.tasks}
         average, ci, average_over, skipped = {}, {}, {}, {}
+        reused = encoded = 0  # summed over the ranks' prompts (a rank's first prompt is encoded whole)
         for L in lengths:
             for task in a.tasks:
                 try:
@@ -438,10 +440,17 @@ class Babilong:
                     continue
                 ids = [tok(s["prompt"]).input_ids for s in samples]
                 recs: list = [None] * len(samples)
-                for i in (reuse_order(ids) if a.reuse_prefix else range(len(samples))):
-                    s = samples[i]
+
+                def one(i: int, ids=ids):
+                    r0, e0 = runner.tokens_reused, runner.tokens_encoded
                     out = runner.generate(ids[i], a.max_new_tokens, stop_ids=stops)
-                    pred = tok.decode(out, skip_special_tokens=True).strip()
+                    return (tok.decode(out, skip_special_tokens=True).strip(), runner.tokens_reused - r0,
+                            runner.tokens_encoded - e0)
+
+                order = reuse_order(ids) if a.reuse_prefix else list(range(len(samples)))
+                for i, (pred, n_reused, n_encoded) in zip(order, ctx.map(one, order)):
+                    s = samples[i]
+                    reused, encoded = reused + n_reused, encoded + n_encoded
                     ok = compare_answers(s["target"], pred, s["question"], TASK_LABELS[task])
                     recs[i] = {"task": task, "length": L, "index": s["index"], "prompt_tokens": len(ids[i]),
                                "question": s["question"], "target": s["target"], "pred": pred,
@@ -465,4 +474,4 @@ class Babilong:
                 "samples_per_task": a.samples, "data": a.data_dir or "generated",
                 "prompt": "_".join(f"{k}_{'yes' if f else 'no'}" for k, f in
                                    zip(("instruction", "examples", "post_prompt"), flags)),
-                "tokens_reused": runner.tokens_reused, "tokens_encoded": runner.tokens_encoded}
+                "tokens_reused": reused, "tokens_encoded": encoded}

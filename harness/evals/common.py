@@ -1,6 +1,8 @@
 """Model-side primitives shared by every evaluator: chunked token NLL (never a [length x vocab] logit tensor)
-and greedy generation with the KV cache."""
+and greedy generation with the KV cache (``GrowingCache``: pre-allocated, written in place, no per-token copy)."""
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +94,10 @@ class PrefixCache:
     token prefix: consecutive prompts sharing a head (the same template, the same haystack up to a needle) are
     not re-encoded from scratch. Same results as ``greedy_generate`` up to float rounding (tested).
 
+    The cache is a ``GrowingCache`` sized before the prefill for the prompt plus ``max_new_tokens`` (decoding writes
+    each token's keys in place instead of re-allocating the whole cache per token as ``DynamicCache`` does; reuse
+    crops it back to the shared head, in place).
+
     ``enabled=False`` makes it a plain ``greedy_generate``. Methods whose rotary scaling depends on the total
     sequence length (dynamic NTK) compute the reused prefix with the scale of the previous prompt; prompts of
     one evaluation length differ by a few tokens only, and ``reuse_prefix: false`` in the evaluator YAML turns
@@ -121,18 +127,18 @@ class PrefixCache:
 
     @torch.inference_mode()
     def generate(self, ids: list[int], max_new_tokens: int, stop_ids: tuple = ()) -> list[int]:
-        from transformers import DynamicCache
-
         dev = model_device(self.model)
         dec, head = self.model.get_decoder(), self.model.get_output_embeddings()
         n = self._common_prefix(ids)
+        need = len(ids) + max_new_tokens  # the prompt and every token fed back: known before decoding starts
         if n == 0:
-            cache = DynamicCache()
+            cache = _growing_cache_classes()[1](capacity=need)
         else:
             cache = self.cache
             extra = cache.get_seq_length() - n
             if extra > 0:
                 cache.crop(-extra)
+            cache.reserve(need)
         self.cache, self.ids = None, []  # invalid until this prompt is fully encoded
         feed = torch.tensor([ids[n:]], device=dev)
         pos = torch.arange(n, len(ids), device=dev)[None]
@@ -141,6 +147,9 @@ class PrefixCache:
             logits = head(h.last_hidden_state[:, -1:])
         self.tokens_reused += n
         self.tokens_encoded += len(ids) - n
+        # room for the generated tokens at the rate the prompt filled the cache (Landmark adds a landmark every
+        # mem_freq tokens; every other method one entry per token): one copy now, none while decoding
+        cache.reserve(-(-cache.get_seq_length() * need // len(ids)))
         out: list[int] = []
         stops = set(stop_ids)
         for i in range(max_new_tokens):
@@ -161,3 +170,97 @@ class PrefixCache:
                 cache.crop(-extra)
             self.cache, self.ids = cache, list(ids)
         return out
+
+
+@functools.cache
+def _growing_cache_classes():
+    """``GrowingLayer`` / ``GrowingCache``, built on transformers' ``DynamicLayer`` / ``DynamicCache`` (imported
+    lazily, like every transformers import of this module)."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys/values live in pre-allocated buffers ``[B, H, capacity, D]``: ``update``
+        writes the new states in place and returns views of the filled part, so a decoding step copies one token's
+        keys, not the whole cache (``DynamicLayer`` re-allocates it with ``torch.cat`` every step). ``keys`` /
+        ``values`` are exactly the filled length (methods that run their own attention over the cached keys --
+        Self-Extend, LM-Infinite, StreamingLLM, Landmark, DCA -- see what they would see with ``DynamicLayer``;
+        ``StaticLayer`` would hand them its zero-padded buffer). Past the capacity the buffers grow to
+        ``max(needed, 2 x capacity)`` (one copy, amortised O(1) per token). ``crop`` (inherited) slices the view,
+        so the next ``update`` overwrites the dropped tail in place; anything that replaces ``keys`` by another
+        tensor (``reorder_cache``, batch selection, offloading) is adopted into fresh buffers on the next update."""
+
+        def __init__(self, capacity: int = 0):
+            super().__init__()
+            self.capacity = int(capacity)
+            self._k = self._v = None
+
+        def reset(self) -> None:
+            self._k = self._v = None
+            super().reset()
+
+        def buffer_len(self) -> int:
+            return 0 if self._k is None else self._k.shape[-2]
+
+        def _owns_views(self) -> bool:
+            """``keys``/``values`` are still the views of this layer's buffers (nobody replaced them)."""
+            return (self._k is not None and self.keys.shape[:2] == self._k.shape[:2]
+                    and self.keys.data_ptr() == self._k.data_ptr() and self.values.data_ptr() == self._v.data_ptr())
+
+        def _regrow(self, like_k, like_v, cap: int) -> None:
+            """New buffers of ``cap`` tokens holding the filled part (one copy)."""
+            n = self.get_seq_length()
+            k = like_k.new_empty((*like_k.shape[:2], cap, like_k.shape[-1]), dtype=self.dtype, device=self.device)
+            v = like_v.new_empty((*like_v.shape[:2], cap, like_v.shape[-1]), dtype=self.dtype, device=self.device)
+            if n:
+                k[..., :n, :].copy_(self.keys)
+                v[..., :n, :].copy_(self.values)
+            self._k, self._v = k, v
+            self.capacity = cap
+            self.keys, self.values = k[..., :n, :], v[..., :n, :]
+
+        def reserve(self, total: int) -> None:
+            """Room for ``total`` tokens (one copy now instead of a regrow while decoding)."""
+            self.capacity = max(self.capacity, int(total))
+            if self.is_initialized and self._k is not None and self._owns_views() and self.buffer_len() < total:
+                self._regrow(self._k, self._v, self.capacity)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = self.get_seq_length()
+            m = n + key_states.shape[-2]
+            if n == 0 and (self._k is None or self._k.shape[:2] != key_states.shape[:2]):
+                self._k = self._v = None
+            grown = max(m, self.capacity, 2 * self.buffer_len())
+            if self._k is None or (n and not self._owns_views()):
+                self._regrow(self.keys if n else key_states, self.values if n else value_states, grown)
+            elif m > self.buffer_len():
+                self._regrow(self._k, self._v, grown)
+            self._k[..., n:m, :].copy_(key_states)
+            self._v[..., n:m, :].copy_(value_states)
+            self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+            return self.keys, self.values
+
+    class GrowingCache(DynamicCache):
+        """A ``DynamicCache`` of ``GrowingLayer``s (one per decoder layer, created on first use) pre-allocated for
+        ``capacity`` tokens; ``reserve(total)`` raises the capacity before a longer prompt + generation."""
+
+        def __init__(self, capacity: int = 0):
+            self.capacity = int(capacity)
+            Cache.__init__(self, layer_class_to_replicate=lambda: GrowingLayer(self.capacity))
+
+        def reserve(self, total: int) -> None:
+            self.capacity = max(self.capacity, int(total))
+            for layer in self.layers:
+                if isinstance(layer, GrowingLayer):
+                    layer.reserve(total)
+
+    return GrowingLayer, GrowingCache
+
+
+def __getattr__(name: str):
+    """``GrowingLayer`` / ``GrowingCache`` on first use (the module imports no transformers at import time)."""
+    if name in ("GrowingLayer", "GrowingCache"):
+        globals()["GrowingLayer"], globals()["GrowingCache"] = _growing_cache_classes()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -64,11 +64,22 @@ def load_task(data_dir: str | Path, task: str, samples: int = 0) -> list[dict]:
     p = Path(data_dir) / f"{task}.jsonl"
     if not p.exists():
         raise ConfigError(f"longbench: {p} not found (run scripts/prepare_eval_data.py on a login node)")
-    rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    for r in rows:
-        missing = {"input", "context", "answers"} - set(r)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"longbench: {p} is not UTF-8 (byte offset {e.start})") from None
+    rows = []
+    for n, line in enumerate(lines, 1):  # an error names the file and the line (JSON's own names neither)
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"longbench: {p} line {n}: not JSON ({e})") from None
+        missing = {"input", "context", "answers"} - set(r) if isinstance(r, dict) else {"input", "context", "answers"}
         if missing:
-            raise ConfigError(f"longbench: {p} row lacks fields {sorted(missing)}")
+            raise ConfigError(f"longbench: {p} line {n} lacks fields {sorted(missing)}")
+        rows.append(r)
     return rows[:samples] if samples > 0 else rows
 
 
@@ -86,7 +97,14 @@ def build_input(tokenizer, task: str, sample: dict, max_length: int, chat_templa
     prompt = M.PROMPTS[task].format(**sample)
     ids = tokenizer(prompt).input_ids
     truncated = len(ids) > max_length
-    tmpl = CHAT_TEMPLATES[chat_template] if task not in M.NO_CHAT_TASKS else "{prompt}"
+    if task in M.NO_CHAT_TASKS:
+        tmpl = "{prompt}"
+    elif chat_template == "tokenizer":  # the checkpoint's own template (an instruct model)
+        from harness.evals.templates import tokenizer_chat_template
+
+        tmpl = tokenizer_chat_template(tokenizer)
+    else:
+        tmpl = CHAT_TEMPLATES[chat_template]
     if truncation == "tokens" and tmpl == "{prompt}":
         return middle_truncate(ids, max_length), truncated
     if truncated:
@@ -143,6 +161,7 @@ def rescore_file(path: str | Path, variant: str = "lceg", average: str = "catego
 
 @EVALS.register("longbench")
 class LongBench:
+    data_parallel = True  # samples generated through ctx.map (per task)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -154,7 +173,7 @@ class LongBench:
         samples: int = 0  # first N samples per task (0 = all)
         max_length: int = 0  # prompt budget in tokens (LCEG model2maxlen); 0 = the largest of ``lengths``
         variant: str = "lceg"  # lceg (no chat template, 12 first-line tasks) | longbench (THUDM pred.py/eval.py)
-        chat_template: str = ""  # variant longbench only: "" | llama2
+        chat_template: str = ""  # variant longbench only: "" | llama2 | tokenizer (the checkpoint's own template)
         truncation: str = "tokens"  # tokens (exact halves) | text (decode + re-tokenise, literal pred.py)
         max_gen_cap: int = 0  # cap on the per-task generation length (CPU budget); 0 = official dataset2maxlen
         average: str = "categories"  # which overall average is "average": categories (README) | tasks (Table 4)
@@ -164,8 +183,8 @@ class LongBench:
     def __init__(self, args):
         if args.variant not in M.FIRST_LINE_TASKS:
             raise ConfigError(f"longbench: variant must be one of {sorted(M.FIRST_LINE_TASKS)}, got {args.variant!r}")
-        if args.chat_template not in CHAT_TEMPLATES:
-            raise ConfigError(f"longbench: chat_template must be one of {sorted(CHAT_TEMPLATES)}")
+        if args.chat_template not in (*CHAT_TEMPLATES, "tokenizer"):
+            raise ConfigError(f"longbench: chat_template must be one of {sorted(CHAT_TEMPLATES) + ['tokenizer']}")
         if args.variant == "lceg" and args.chat_template not in ("", "none"):
             raise ConfigError("longbench: variant lceg never applies a chat template (use variant=longbench)")
         if args.truncation not in ("tokens", "text"):
@@ -194,6 +213,8 @@ class LongBench:
         if missing:
             raise ConfigError(f"{where}.data_dir: {d} lacks {', '.join(f'{t}.jsonl' for t in missing)} (run "
                               f"scripts/prepare_eval_data.py on a login node; \"\" = the shipped fixtures)")
+        for t in self.task_list():  # a malformed line fails here, before the model loads (file and line named)
+            load_task(d, t)
 
     def max_length(self) -> int:
         return int(self.args.max_length or max([int(x) for x in self.args.lengths] or [0]))
@@ -223,28 +244,41 @@ class LongBench:
         records, generated, gen_time, reused = [], 0, 0.0, 0
         for task in self.task_list():
             max_gen = M.MAX_GEN[task] if a.max_gen_cap <= 0 else min(M.MAX_GEN[task], a.max_gen_cap)
+            items = []
             for i, s in enumerate(load_task(data_dir, task, a.samples)):
                 key_rec = {"task": task, "_id": s.get("_id", i), "i": i, "max_length": L, "variant": a.variant,
                            "chat_template": chat, "max_gen": max_gen}
-                prev = done.get(record_key(key_rec))
+                items.append((s, key_rec, done.get(record_key(key_rec))))
+
+            def one(item, task=task, max_gen=max_gen):
+                s, key_rec, _ = item
+                ids, truncated = build_input(tok, task, s, L, chat, a.truncation)
+                t0 = time.time()
+                new = greedy_generate(model, torch.tensor([ids]), max_gen, eos_token_id=tok.eos_token_id,
+                                      dtype=ctx.autocast, stop_ids=stop_ids(tok, task))
+                seconds = time.time() - t0
+                pred = tok.decode(new, skip_special_tokens=True)
+                rec = dict(key_rec, pred=pred, answers=s["answers"], all_classes=s.get("all_classes"),
+                           length=s.get("length"), prompt_tokens=len(ids), truncated=truncated,
+                           new_tokens=len(new))
+                rec["score"] = round(M.sample_score(task, pred, s["answers"], s.get("all_classes"), first_line), 6)
+                if ctx.world_size == 1:
+                    write_jsonl(out_path, [rec])  # as soon as it exists: a killed run resumes from here
+                return rec, seconds
+
+            fresh = iter(ctx.map(one, [it for it in items if it[2] is None]))
+            for _, _, prev in items:
                 if prev is not None:
                     if a.resume_from and Path(a.resume_from) != out_path:
                         write_jsonl(out_path, [prev])  # this run's file is complete on its own
                     records.append(prev)
                     reused += 1
                     continue
-                ids, truncated = build_input(tok, task, s, L, chat, a.truncation)
-                t0 = time.time()
-                new = greedy_generate(model, torch.tensor([ids]), max_gen, eos_token_id=tok.eos_token_id,
-                                      dtype=ctx.autocast, stop_ids=stop_ids(tok, task))
-                gen_time += time.time() - t0
+                rec, seconds = next(fresh)
+                gen_time += seconds
                 generated += 1
-                pred = tok.decode(new, skip_special_tokens=True)
-                rec = dict(key_rec, pred=pred, answers=s["answers"], all_classes=s.get("all_classes"),
-                           length=s.get("length"), prompt_tokens=len(ids), truncated=truncated,
-                           new_tokens=len(new))
-                rec["score"] = round(M.sample_score(task, pred, s["answers"], s.get("all_classes"), first_line), 6)
-                write_jsonl(out_path, [rec])
+                if ctx.world_size > 1:
+                    write_jsonl(out_path, [rec])  # the main rank writes every rank's records, in sample order
                 records.append(rec)
         cats = None if a.tasks or a.subset == "paper" else \
             {c: ts for c, ts in M.CATEGORIES.items() if any(t in SUBSETS[a.subset] for t in ts)}

@@ -95,6 +95,7 @@ def read_records(path: str | Path) -> list[dict]:
 
 @EVALS.register("manyshot_trec")
 class ManyShotTrec:
+    data_parallel = True  # items generated through ctx.map (per shot count)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -160,21 +161,32 @@ class ManyShotTrec:
                 skipped[str(n)] = f"prompt of {longest} tokens exceeds the evaluated length {L}"
                 continue
             scores = []
-            for i, (r, ids) in enumerate(zip(recs, prompts)):
-                key = (n, str(r.get("_id", i)), L, a.max_gen)
-                prev = done.get(key)
+            items = [(i, r, ids, done.get((n, str(r.get("_id", i)), L, a.max_gen)))
+                     for i, (r, ids) in enumerate(zip(recs, prompts))]
+
+            def one(item, n=n):
+                i, r, ids, _ = item
+                ids = middle_truncate(ids, L)
+                t0 = time.time()
+                new = greedy_generate(model, torch.tensor([ids]), a.max_gen, eos_token_id=tok.eos_token_id,
+                                      dtype=ctx.autocast)
+                seconds = time.time() - t0
+                pred = tok.decode(new, skip_special_tokens=True)
+                s = sample_score("trec", pred, r["answers"], r["all_classes"], FIRST_LINE)
+                rec = {"shots": n, "_id": str(r.get("_id", i)), "max_length": L, "max_gen": a.max_gen,
+                       "pred": pred, "answers": r["answers"], "prompt_tokens": len(ids), "score": s}
+                if ctx.world_size == 1:
+                    write_jsonl(out_path, [rec])  # as soon as it exists: a killed run resumes from here
+                return rec, seconds
+
+            fresh = iter(ctx.map(one, [it for it in items if it[3] is None]))
+            for _, _, _, prev in items:
                 if prev is None:
-                    ids = middle_truncate(ids, L)
-                    t0 = time.time()
-                    new = greedy_generate(model, torch.tensor([ids]), a.max_gen, eos_token_id=tok.eos_token_id,
-                                          dtype=ctx.autocast)
-                    gen_time += time.time() - t0
+                    prev, seconds = next(fresh)
+                    gen_time += seconds
                     generated += 1
-                    pred = tok.decode(new, skip_special_tokens=True)
-                    s = sample_score("trec", pred, r["answers"], r["all_classes"], FIRST_LINE)
-                    prev = {"shots": n, "_id": str(r.get("_id", i)), "max_length": L, "max_gen": a.max_gen,
-                            "pred": pred, "answers": r["answers"], "prompt_tokens": len(ids), "score": s}
-                    write_jsonl(out_path, [prev])
+                    if ctx.world_size > 1:
+                        write_jsonl(out_path, [prev])  # the main rank writes every rank's records, in item order
                 elif a.resume_from and Path(a.resume_from) != out_path:
                     write_jsonl(out_path, [prev])
                 scores.append(prev["score"])

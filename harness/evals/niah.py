@@ -103,6 +103,7 @@ def grid(values, default):
 
 @EVALS.register("niah")
 class NeedleInAHaystack:
+    data_parallel = True  # prompts decoded through ctx.map
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -189,12 +190,21 @@ class NeedleInAHaystack:
         recs, over_budget = [], []
         todo = [(L, d, point, n_ctx, tok(prompt).input_ids)
                 for L, d, prompt, point, n_ctx in (self.prompts(tok, lengths) if lengths else [])]
-        order = reuse_order([t[4] for t in todo]) if a.reuse_prefix else range(len(todo))
-        for L, d, point, n_ctx, ids in (todo[i] for i in order):
-            if len(ids) + a.gen_tokens > L:
-                over_budget.append([L, d, len(ids)])
+        order = reuse_order([t[4] for t in todo]) if a.reuse_prefix else list(range(len(todo)))
+
+        def one(i: int):
+            ids = todo[i][4]
+            r0, e0 = runner.tokens_reused, runner.tokens_encoded
             out = runner.generate(ids, a.gen_tokens, stop_ids=stops)
             resp = tok.decode(out, skip_special_tokens=True).strip()
+            return resp, runner.tokens_reused - r0, runner.tokens_encoded - e0
+
+        reused = encoded = 0  # summed over the ranks' prompts (a rank's first prompt is encoded whole)
+        for i, (resp, n_reused, n_encoded) in zip(order, ctx.map(one, order)):
+            L, d, point, n_ctx, ids = todo[i]
+            reused, encoded = reused + n_reused, encoded + n_encoded
+            if len(ids) + a.gen_tokens > L:
+                over_budget.append([L, d, len(ids)])
             s_lceg, s_rouge = lceg_score(resp), rouge_score(resp)
             score = s_lceg if a.scorer == "lceg" else s_rouge / 10
             cells.setdefault(str(L), {})[str(d)] = round(score, 4)
@@ -212,4 +222,4 @@ class NeedleInAHaystack:
             ci[L] = [round(est[1], 4), round(est[2], 4)] if est else None
         return {"score": score, "ci": ci, "grid": grid_sorted, "scorer": a.scorer, "depths": self.depths(),
                 "haystack": getattr(self, "source", None), "skipped": skipped, "over_budget": over_budget,
-                "tokens_reused": runner.tokens_reused, "tokens_encoded": runner.tokens_encoded}
+                "tokens_reused": reused, "tokens_encoded": encoded}

@@ -65,23 +65,29 @@ def score(continuation: str, pass_key: int) -> bool:
 
 
 def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
-                dtype: str = "auto", reuse_prefix: bool = True) -> list[dict]:
+                dtype: str = "auto", reuse_prefix: bool = True, ctx=None) -> list[dict]:
     """Consecutive prompts share the task line and the garbage up to the earlier needle: with ``reuse_prefix`` the
     prompts are decoded in lexicographic order of their token ids (``reuse_order``: neighbours share the longest
     heads) and that head is not re-encoded (``PrefixCache``; same greedy tokens as ``greedy_generate``). The prompts
-    themselves, drawn in order from the seeded generator, and the records (in prompt order) do not depend on it."""
+    themselves, drawn in order from the seeded generator (every rank draws them all), and the records (in prompt
+    order) do not depend on it. ``ctx.map`` spreads the decoding over the ranks of a data-parallel evaluation."""
     rng = random.Random(f"passkey-{seed}-{length}")
     runner = PrefixCache(model, dtype) if reuse_prefix else None
     samples = [make_sample(tokenizer, length, rng, gen_tokens) for _ in range(n_samples)]
     ids = [tokenizer(s["prompt"]).input_ids for s in samples]
-    records: list = [None] * n_samples
-    for i in (reuse_order(ids) if reuse_prefix else range(n_samples)):
+
+    def one(i: int) -> dict:
         s = samples[i]
         new = runner.generate(ids[i], gen_tokens) if runner else \
             greedy_generate(model, torch.tensor([ids[i]]), gen_tokens, dtype=dtype)
         text = tokenizer.decode(new, skip_special_tokens=True)
-        records[i] = {"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
-                      "prompt_tokens": len(ids[i]), "prediction": text, "correct": score(text, s["pass_key"])}
+        return {"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
+                "prompt_tokens": len(ids[i]), "prediction": text, "correct": score(text, s["pass_key"])}
+
+    order = reuse_order(ids) if reuse_prefix else list(range(n_samples))
+    records: list = [None] * n_samples
+    for i, rec in zip(order, ctx.map(one, order) if ctx is not None else map(one, order)):
+        records[i] = rec
     return records
 
 
@@ -92,6 +98,7 @@ def passkey_accuracy(model, tokenizer, length: int, n_samples: int = 50, seed: i
 
 @EVALS.register("passkey")
 class Passkey:
+    data_parallel = True  # prompts decoded through ctx.map
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -115,7 +122,7 @@ class Passkey:
         acc, by_depth, correct, depth, ci = {}, {}, {}, {}, {}
         for L in lengths:
             recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast,
-                               a.reuse_prefix)
+                               a.reuse_prefix, ctx)
             write_jsonl(ctx.samples_path("passkey"), recs)
             k = sum(r["correct"] for r in recs)
             acc[str(L)] = k / len(recs)

@@ -109,6 +109,7 @@ def subsample(starts: list[int], k: int) -> list[int]:
 
 @EVALS.register("ppl")
 class Perplexity:
+    data_parallel = True  # windows scored through ctx.map_blocks / ctx.map
     @dataclass
     class Args(EvalArgs):
         name: str = "ppl"
@@ -214,8 +215,12 @@ class Perplexity:
                 nlls, n = [], 0
                 wins = [(j, b, e, trg) for j, d in enumerate(docs)
                         for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None)]
-                per_tok = window_nlls(model, [([bos] if bos is not None else []) + docs[j][b:e] for j, b, e, _ in wins],
-                                      a.chunk, ctx.autocast, ctx.batch_tokens, ctx.nll_cache)
+                windows = [([bos] if bos is not None else []) + docs[j][b:e] for j, b, e, _ in wins]
+                # data-parallel: each rank scores a contiguous block of windows, cut at batch edges (one batch =
+                # batch_tokens // window length windows, as window_nlls forms them)
+                per = max(1, ctx.batch_tokens // len(windows[0])) if ctx.batch_tokens > 0 and windows else 1
+                per_tok = ctx.map_blocks(lambda ws: window_nlls(model, ws, a.chunk, ctx.autocast, ctx.batch_tokens,
+                                                                ctx.nll_cache), windows, align=per)
                 for (j, b, e, trg), nll in zip(wins, per_tok):
                     nlls.append(float(np.mean(nll[-trg:], dtype=np.float64)))
                     n += trg
@@ -227,8 +232,8 @@ class Perplexity:
             else:
                 starts = longlora_starts(len(stream), L, a.stride)
                 use = subsample(starts, a.max_windows)
-                losses = [token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk, ctx.autocast).mean().item()
-                          for i in use]
+                losses = ctx.map(lambda i, L=L: token_nll(model, torch.tensor([stream[i : i + L]]), a.chunk,
+                                                          ctx.autocast).mean().item(), use)
                 recs += [{"dataset": a.dataset, "length": L, "begin": i, "end": i + L, "scored": L - 1,
                           "nll": round(x, 6)} for i, x in zip(use, losses)]
                 # LongLoRA eval.py: ppl = 2.71828 ** val_loss (kept verbatim; e differs in the 7th digit)

@@ -37,6 +37,7 @@ from harness.stats import bounded_interval
 
 @EVALS.register("ruler")
 class Ruler:
+    data_parallel = True  # prompts decoded through ctx.map (each task x length)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     @dataclass
@@ -45,7 +46,7 @@ class Ruler:
         tasks: list = field(default_factory=lambda: list(ALL_TASKS))
         samples: int = 500  # per task and length (RULER: 500; the paper's numbers use RULER's defaults)
         seed: int = 42  # RULER's random_seed; the run seed is added
-        model_template: str = "base"  # base | meta-chat | a custom string with {task_template}
+        model_template: str = "base"  # base | meta-chat | tokenizer (the checkpoint's own) | "...{task_template}..."
         tokens_to_generate: dict = field(default_factory=dict)  # overrides by task or kind name
         max_new_tokens: int = 0  # 0 = decode tokens_to_generate
         small_threshold: int = 4096
@@ -107,6 +108,7 @@ class Ruler:
         skipped: dict = {}
         average, average_over = {}, {}
         t_gen = 0.0
+        reused = encoded = 0  # summed over the ranks' prompts (a rank's first prompt is encoded whole)
         for L in lengths:
             for task in tasks:
                 t0 = time.time()
@@ -119,12 +121,21 @@ class Ruler:
                     t_gen += time.time() - t0
                 ids_all = [tok(s["input"]).input_ids for s in samples]
                 preds, recs = [None] * len(samples), [None] * len(samples)
-                for i in (reuse_order(ids_all) if a.reuse_prefix else range(len(samples))):
+
+                def one(i: int, samples=samples, ids_all=ids_all):
                     s, ids = samples[i], ids_all[i]
                     n_new = min(a.max_new_tokens, s["tokens_to_generate"]) if a.max_new_tokens > 0 \
                         else s["tokens_to_generate"]
+                    r0, e0 = runner.tokens_reused, runner.tokens_encoded
                     out = runner.generate(ids, n_new, stop_ids=stops)
-                    preds[i] = postprocess_pred(tok.decode(out, skip_special_tokens=True))
+                    return (postprocess_pred(tok.decode(out, skip_special_tokens=True)),
+                            runner.tokens_reused - r0, runner.tokens_encoded - e0)
+
+                order = reuse_order(ids_all) if a.reuse_prefix else list(range(len(samples)))
+                for i, (pred, n_reused, n_encoded) in zip(order, ctx.map(one, order)):
+                    s, ids = samples[i], ids_all[i]
+                    reused, encoded = reused + n_reused, encoded + n_encoded
+                    preds[i] = pred
                     recs[i] = {"task": task, "length": L, "index": s["index"], "prompt_tokens": len(ids),
                                "budget": s["length"], "outputs": s["outputs"], "pred": preds[i]}
                 refs = [s["outputs"] for s in samples]
@@ -144,5 +155,4 @@ class Ruler:
                 "average_over": average_over, "skipped_tasks": skipped_tasks,
                 "skipped": {**skipped_lengths, **skipped}, "samples_per_task": a.samples,
                 "metric": {t: METRIC[t] for t in tasks}, "haystack": gen._haystack.source if gen._haystack else None,
-                "generation_seconds": round(t_gen, 2), "tokens_reused": runner.tokens_reused,
-                "tokens_encoded": runner.tokens_encoded}
+                "generation_seconds": round(t_gen, 2), "tokens_reused": reused, "tokens_encoded": encoded}

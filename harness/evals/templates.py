@@ -159,3 +159,20 @@ LONGBENCH_V2_TEMPLATE = (
     "follows: \"The correct answer is (insert answer here)\"."
 )
 
+
+
+# --- The checkpoint's own chat template (``chat_template: tokenizer`` in LongBench, ``model_template: tokenizer`` in
+# RULER): off by default, since the controlled study evaluates base models without one ---------------------------
+def tokenizer_chat_template(tokenizer, slot: str = "prompt") -> str:
+    """A format string with one ``{slot}`` field: one user turn holding ``{slot}`` in ``tokenizer``'s own chat
+    template, with the generation prompt (the assistant's turn) opened. Literal braces of the template are escaped.
+    A ``ValueError`` when the tokenizer has no chat template (a base model)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the checkpoint's tokenizer has no chat template (a base model: use the evaluator's default)")
+    marker = "\x00SLOT\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                         add_generation_prompt=True)
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos):  # the tokenizer adds its BOS itself when the prompt is encoded
+        text = text[len(bos):]
+    return text.replace("{", "{{").replace("}", "}}").replace(marker, "{" + slot + "}")

@@ -17,11 +17,20 @@ A method is a small object with five hooks (all optional but ``apply``), called 
   when a checkpoint is loaded, so a checkpoint is never evaluated under a different method (the one exception,
   ``accepts_checkpoint``: LongRoPE's progressive extension uses a checkpoint with factors searched on it).
 
+A loaded model whose config already carries a RoPE scaling (Llama-3.1's ``llama3``, a released PI checkpoint's
+``linear``, ...): a RoPE method replaces it; the blocked-attention methods keep a static one (``default``, ``linear``,
+``llama3``) and refuse any other with one line (``rope.require_static_rope``); ``base`` keeps it. Either way ``apply``
+records what happened, and ``params()`` then carries ``checkpoint_rope: {rope_parameters, action: replaced |
+unchanged}`` (the row's ``method_params``). Likewise a config's sliding window (Mistral-7B-v0.1: 4096), which the
+blocked-attention methods do not apply: ``checkpoint_attention: {sliding_window, action: dropped}``. These records
+are not parameters: never part of the checkpoint comparison (``method.json``).
+
 Methods receive plain arguments from their ``Args`` dataclass (validated against the YAML), never a DictConfig.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +50,16 @@ class Method:
     """No-op hooks; a method overrides what it needs. One level only: no method inherits from another method."""
 
     Args = MethodArgs
+    checkpoint_rope: dict | None = None  # set by apply() when the loaded config already carried a rope scaling
+    checkpoint_attention: dict | None = None  # set by apply() when the method does not apply the config's window
 
     def __init__(self, args):
         self.args = args
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "apply" in cls.__dict__:
+            cls.apply = _records_checkpoint_rope(cls.__dict__["apply"])
 
     @property
     def name(self) -> str:
@@ -78,13 +94,52 @@ class Method:
         return {"input_ids": input_ids, "labels": input_ids}
 
     def params(self) -> dict:
-        return dataclasses.asdict(self.args)
+        out = dataclasses.asdict(self.args)
+        for key in RECORDS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def accepts_checkpoint(self, saved: dict, directory: str | Path) -> bool:
         """May a checkpoint trained with parameters ``saved`` (different from ``params()``) be used anyway? No, by
         default. LongRoPE / LongRoPE2 accept their own checkpoints under factors searched *on that checkpoint*
         (progressive extension: search -> fine-tune -> search again)."""
         return False
+
+
+RECORDS = ("checkpoint_rope", "checkpoint_attention")  # records in params(), not parameters: never compared
+
+
+def _records_checkpoint_rope(apply):
+    """Wrap a method's ``apply``: when the model's config carried a rope scaling before the method ran (the first
+    time a method sees this model), record it and whether the method replaced it; record a config sliding window
+    the method does not apply (``_blockwise.install``)."""
+
+    @functools.wraps(apply)
+    def wrapped(self, handle, *args, **kwargs):
+        from harness.methods.rope import scaled_rope
+
+        model = getattr(handle, "model", None)
+        if getattr(model, "config", None) is None:  # not a transformers model (a stand-in in a unit test)
+            return apply(self, handle, *args, **kwargs)
+        if not hasattr(model, "harness_checkpoint_rope"):
+            model.harness_checkpoint_rope = scaled_rope(model.config)
+        self.checkpoint_rope = self.checkpoint_attention = None  # this model's records only
+        out = apply(self, handle, *args, **kwargs)
+        before = model.harness_checkpoint_rope
+        if before is not None:
+            after = scaled_rope(model.config)
+            self.checkpoint_rope = {"rope_parameters": before,
+                                    "action": "unchanged" if after == before else "replaced"}
+        dropped = getattr(model, "harness_sliding_window_dropped", None)
+        if dropped:
+            self.checkpoint_attention = {"sliding_window": int(dropped), "action": "dropped"}
+        return out
+
+    return wrapped
+
+
+Method.apply = _records_checkpoint_rope(Method.apply)
 
 
 def build_method(cfg) -> Method:
@@ -107,8 +162,13 @@ def yaml_defaults(name: str) -> dict:
 METHOD_FILE = "method.json"
 
 
+def checkpoint_params(params: dict) -> dict:
+    """The parameters a checkpoint is tied to: ``params()`` without the records (``RECORDS``)."""
+    return {k: v for k, v in params.items() if k not in RECORDS}
+
+
 def save_method(directory: str | Path, method: Method) -> None:
-    Path(directory, METHOD_FILE).write_text(json.dumps(method.params(), indent=2, sort_keys=True))
+    Path(directory, METHOD_FILE).write_text(json.dumps(checkpoint_params(method.params()), indent=2, sort_keys=True))
 
 
 def check_checkpoint_method(directory: str | Path, method: Method) -> None:
@@ -116,8 +176,8 @@ def check_checkpoint_method(directory: str | Path, method: Method) -> None:
     f = Path(directory, METHOD_FILE)
     if not f.exists():
         return  # a pretrained (not fine-tuned) model: any method may be applied
-    saved = json.loads(f.read_text())
-    now = json.loads(json.dumps(method.params(), sort_keys=True))
+    saved = checkpoint_params(json.loads(f.read_text()))
+    now = json.loads(json.dumps(checkpoint_params(method.params()), sort_keys=True))
     if saved != now and not method.accepts_checkpoint(saved, directory):
         diff = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
         raise ConfigError(f"checkpoint {directory} was trained with method {saved.get('name')!r}; "

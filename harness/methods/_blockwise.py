@@ -46,6 +46,17 @@ def attention_modules(model) -> list:
     return [m for m in model.modules() if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj"))]
 
 
+def sliding_window(config) -> int | None:
+    """The sliding attention window a config applies (Mistral-7B-v0.1: 4096), None when every layer is full."""
+    sw = getattr(config, "sliding_window", None)
+    if not sw or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return int(sw)
+
+
 def attach_rope(model) -> torch.Tensor:
     """Store the model's RoPE inverse frequencies on every attention module (``module.harness_inv_freq``)."""
     from harness.methods.rope import rotary_modules
@@ -61,7 +72,15 @@ def attach_rope(model) -> torch.Tensor:
 
 def install(model, attn_name: str, attr: str, settings: tuple) -> None:
     """Switch ``model`` to the registered attention ``attn_name``: RoPE frequencies and ``settings`` (stored as
-    ``module.<attr>``) on every attention module, then ``set_attn_implementation``."""
+    ``module.<attr>``) on every attention module, then ``set_attn_implementation``. A checkpoint whose config carries
+    a static rope scaling with attention factor 1 (Llama-3.1's ``llama3``, a PI checkpoint's ``linear``) keeps it;
+    a length-dependent one or one with an attention factor (dynamic NTK, YaRN, LongRoPE) is refused with one line."""
+    from harness.methods.rope import require_static_rope
+
+    require_static_rope(model, f"method={attn_name.removeprefix('harness_')}")
+    # these attention functions see every key their scheme allows, as the originals (LongLM, LM-Infinite, ...) do on
+    # Mistral: a sliding window in the config is not applied; the method's params() records that (checkpoint_attention)
+    model.harness_sliding_window_dropped = sliding_window(model.config)
     attach_rope(model)
     for m in attention_modules(model):
         setattr(m, attr, settings)

@@ -25,6 +25,41 @@ def set_rope_parameters(model, **params) -> dict:
     return new
 
 
+# Rope types whose frequencies are static with attention factor 1: what the blocked-attention methods (Self-Extend,
+# LM-Infinite, DCA, StreamingLLM, STRING, Landmark) can keep when a checkpoint's config already carries one of them,
+# since they read the model's inverse frequencies once (``_blockwise.attach_rope``) and no attention factor.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def scaled_rope(config) -> dict | None:
+    """The RoPE scaling a loaded config carries (Llama-3.1's ``llama3``, a released PI checkpoint's ``linear``,
+    Qwen's ``yarn``, ...): its ``rope_parameters`` as a plain dict, or None for plain RoPE (rope type ``default``)."""
+    rp = dict(getattr(config, "rope_parameters", None) or {})
+    kind = rp.pop("type", None)  # the transformers 4.x spelling of rope_type, kept beside it when loaded
+    rp["rope_type"] = rp.get("rope_type") or kind or "default"
+    if rp["rope_type"] == "default":
+        return None
+    return json_safe(rp)
+
+
+def json_safe(d: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def require_static_rope(model, where: str) -> None:
+    """Refuse (one ConfigError line) a model whose rotary frequencies change with the length or carry an attention
+    factor: a blocked-attention method reads the inverse frequencies once and would silently drop either."""
+    from harness.config import ConfigError
+
+    rp = dict(getattr(model.config, "rope_parameters", None) or {})
+    kind = rp.get("rope_type", "default")
+    att = [float(getattr(m, "attention_scaling", 1.0)) for m in rotary_modules(model)]
+    if kind not in STATIC_ROPE_TYPES or any(a != 1.0 for a in att):
+        raise ConfigError(f"{where}: the model's config carries rope type {kind!r}, which this method cannot keep (it "
+                          f"reads the rotary frequencies once, without length dependence or attention factor); valid: "
+                          f"a model whose rope type is one of {', '.join(STATIC_ROPE_TYPES)}")
+
+
 def rebuild_rotary(model) -> None:
     for _, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):

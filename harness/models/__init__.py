@@ -48,16 +48,30 @@ class ModelHandle:
     def config(self):
         return self.model.config
 
+    def facts(self) -> dict:
+        """What was loaded and how it runs, for the row (``model_info``): path, window, device (and the GPUs a split
+        model spans), weight dtype, and the attention implementation in use (after any fallback, and after a method
+        registered its own)."""
+        p = next(self.model.parameters())
+        dm = self.info.get("device_map") or None
+        return {"path": self.info.get("path"), "native_ctx": self.native_ctx,
+                "device": self.info.get("device") or str(p.device),
+                "gpus": sorted({d for d in dm.values() if d not in ("cpu", "disk")}) if dm else None,
+                "dtype": str(p.dtype).removeprefix("torch."),
+                "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+                "parameters": sum(q.numel() for q in self.model.parameters())}
+
 
 @runtime_checkable
 class ModelBuilder(Protocol):
     """The contract of a registered model: an ``Args`` dataclass (``ModelArgs`` or a subclass, validated against the
-    YAML) and a static ``build(args) -> ModelHandle``."""
+    YAML) and a static ``build(args, device=None, device_map=None) -> ModelHandle`` that loads onto ``device`` (or
+    spreads the model by ``device_map``, ``place``); optionally ``source(args) -> (path, gguf_file)``."""
 
     Args: ClassVar[type]
 
     @staticmethod
-    def build(a: Any) -> ModelHandle: ...
+    def build(a: Any, device=None, device_map=None) -> ModelHandle: ...
 
 
 def resolve_attn_implementation(requested: str) -> str:
@@ -70,8 +84,11 @@ def resolve_attn_implementation(requested: str) -> str:
     return requested
 
 
-def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: str = ""):
-    """Load a causal LM and its tokenizer from a local directory, a cached hub id, or a GGUF file."""
+def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: str = "", device=None,
+                    device_map=None):
+    """Load a causal LM and its tokenizer from a local directory, a cached hub id, or a GGUF file, and put it on
+    ``device`` (a ``torch.device``; None = where transformers loads it, the CPU) or spread it by ``device_map``
+    (``place``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw: dict = {"gguf_file": gguf_file} if gguf_file else {}
@@ -89,7 +106,85 @@ def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: 
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.eval()
+    if device is not None or device_map is not None:
+        model = place(model, device, device_map)
     return model, tok
+
+
+def place(model, device, device_map=None):
+    """Put ``model`` where it runs: on ``device``; or, with ``device_map`` an integer g (GPUs per model replica,
+    :func:`choose_device_map`) or ``"auto"`` (every visible GPU from ``device`` on), its layers split evenly over the
+    g GPUs ``device.index .. device.index + g - 1`` by accelerate: an even split (``get_balanced_memory``), because
+    each layer's KV cache lives with the layer, so the cache is split as the weights are (a first-fit map would put
+    every layer, and so the whole cache, on the first GPU). An accelerate map (dict) is used as it is. Returns the
+    model."""
+    if device_map is None:
+        return model.to(device)
+    from accelerate import dispatch_model
+
+    if not isinstance(device_map, dict):
+        first = torch.device(device).index or 0
+        g = torch.cuda.device_count() - first if device_map == "auto" else int(device_map)
+        device_map = split_map(model, {i: int(0.9 * torch.cuda.mem_get_info(i)[0]) for i in range(first, first + g)})
+    return dispatch_model(model, device_map=device_map)
+
+
+def split_map(model, max_memory: dict) -> dict:
+    """The accelerate device map that splits ``model``'s layers evenly over the GPUs of ``max_memory`` ({GPU index:
+    usable bytes}); never splits a decoder layer (``_no_split_modules``)."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = getattr(model, "_no_split_modules", None) or []
+    balanced = get_balanced_memory(model, max_memory=dict(max_memory), no_split_module_classes=no_split)
+    return infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split)
+
+
+def gpus_of(handle) -> int:
+    """How many GPUs one replica of the loaded model spans (1 on one device)."""
+    dm = handle.info.get("device_map") or {}
+    return max(1, len({d for d in dm.values() if d not in ("cpu", "disk")}))
+
+
+def check_device(spec, key: str = "device") -> torch.device:
+    """The ``device`` setting resolved (``harness.device.resolve_device``), a bad value as one ConfigError line."""
+    from harness.device import resolve_device
+
+    try:
+        return resolve_device(str(spec))
+    except ValueError as e:
+        raise ConfigError(str(e).replace("device:", f"{key}:", 1)) from None
+
+
+def choose_device_map(cfg_model, device: torch.device, length: int, generates: bool):
+    """How many GPUs one replica of the model needs (an integer g > 1, for :func:`place`) when ``device`` is a GPU,
+    more than one GPU is visible and the model plus its longest evaluation input (``harness.memory.eval_memory`` of
+    the checkpoint's config, in the model's weights dtype: weights + KV cache + prefill activations) need more than
+    ``device``'s free memory; else None (one device). g is ``harness.memory.gpus_needed`` (the prefill's activations
+    are not split), capped at the GPUs visible from ``device`` on (``check_fits`` then refuses what still cannot
+    fit)."""
+    if device.type != "cuda" or torch.cuda.device_count() < 2:
+        return None
+    from transformers import AutoConfig
+
+    from harness.memory import eval_memory, gpus_needed, shape_of
+
+    name = cfg_model.get("name")
+    cls, args = MODELS.args(cfg_model, f"model={name}", name=cfg_model.get("builder") or name)
+    path, gguf = cls.source(args) if hasattr(cls, "source") else (args.path, args.gguf_file)
+    kw = {"gguf_file": gguf} if gguf else {"local_files_only": os.environ.get("HF_HUB_OFFLINE", "1") == "1"}
+    config = AutoConfig.from_pretrained(path, **kw)
+    itemsize = DTYPES[args.dtype].itemsize
+    need = eval_memory(shape_of(config), int(length), itemsize=itemsize, generates=generates)
+    free = available_memory(device)
+    if free is None or need["total"] <= free:
+        return None
+    try:
+        g = gpus_needed(need["total"], free, transient=need["prefill"])
+    except ValueError:  # one layer's activations alone exceed a GPU: check_fits says so in one line
+        g = torch.cuda.device_count()
+    g = min(g, torch.cuda.device_count() - (device.index or 0))
+    return g if g > 1 else None
 
 
 def rotary_dim(config) -> int:
@@ -114,46 +209,78 @@ def available_memory(device: torch.device) -> int | None:
 
 
 def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
-    """A lower bound on the memory one input of ``length`` tokens needs beyond the weights: the keys and values of
-    every layer when the evaluator decodes with the KV cache (``generates``), else one layer's keys and values plus
-    two hidden-state tensors."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    per_layer = 2 * kv * hd * length * itemsize
-    if generates:
-        return cfg.num_hidden_layers * per_layer
-    return per_layer + 2 * cfg.hidden_size * length * itemsize
+    """The memory one input of ``length`` tokens needs beyond the weights (``harness.memory.eval_memory``: the KV
+    cache of every layer when the evaluator decodes, ``generates``, plus the prefill's transient activations)."""
+    from harness.memory import eval_memory, shape_of
+
+    m = eval_memory(shape_of(config), int(length), itemsize=itemsize, generates=generates)
+    return m["kv_cache"] + m["prefill"]
+
+
+def model_devices(model) -> list[torch.device]:
+    """The devices the model's weights are on: every device of ``model.hf_device_map`` (a model spread by
+    ``device_map``; integers are CUDA indices), else the device of its first parameter."""
+    dm = getattr(model, "hf_device_map", None) or {}
+    out: list[torch.device] = []
+    for d in dm.values():
+        if d == "disk":
+            continue
+        dev = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", 0)
+        if dev not in out:
+            out.append(dev)
+    return out or [next(model.parameters()).device]
 
 
 def check_fits(handle: ModelHandle, length: int, generates: bool, key: str) -> None:
     """Refuse, before fine-tuning or evaluating, an evaluation input that cannot fit in the free memory of the
-    device the model is on (the lower bound of :func:`min_bytes`; what is actually needed is more)."""
+    devices the model is on. The weights are already there, so what is compared with the free memory (summed over
+    every device of ``hf_device_map``) is the rest of ``harness.memory.eval_memory``: the KV cache (when the
+    evaluator decodes) plus the prefill's transient activations, which must also fit on one device (the layer
+    computing holds them). An estimate (its assumptions: ``harness/memory.py``), not a bound."""
     if length <= 0:
         return
+    from harness.memory import eval_memory, shape_of
+
     p = next(handle.model.parameters())
-    need = min_bytes(handle.model.config, int(length), p.element_size(), generates)
-    free = available_memory(p.device)
-    if free is not None and need > free:
-        what = "the KV cache of every layer" if generates else "one layer's keys and values"
-        raise ConfigError(f"{key}: an input of {length} tokens needs at least {_size(need)} ({what}, {handle.name} "
-                          f"in {p.dtype}) but {_size(free)} is free on {p.device}; use shorter eval lengths")
+    m = eval_memory(shape_of(handle.model.config), int(length), itemsize=p.element_size(), generates=generates)
+    devices = model_devices(handle.model)
+    frees = [available_memory(d) for d in devices]
+    if any(f is None for f in frees):
+        return
+    free, need = sum(frees), m["kv_cache"] + m["prefill"]
+    if need > free or m["prefill"] > max(frees):
+        where = ", ".join(str(d) for d in devices)
+        parts = (f"KV cache {_size(m['kv_cache'])} + " if generates else "") + f"prefill activations " \
+                f"{_size(m['prefill'])}; weights {_size(m['weights'])} already loaded"
+        raise ConfigError(f"{key}: an input of {length} tokens needs about {_size(need)} beyond the weights ({parts}, "
+                          f"{handle.name} in {p.dtype}) but {_size(free)} is free on {where}; use shorter eval "
+                          f"lengths or spread the model over more GPUs (device_map)")
 
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def build_model(cfg) -> ModelHandle:
-    """The one builder: validate the ``model`` config group and load it."""
+def build_model(cfg, device=None, device_map=None) -> ModelHandle:
+    """The one builder: validate the ``model`` config group and load it onto ``device`` (a ``torch.device`` or a
+    ``device`` setting such as ``auto``; None = the CPU, where transformers loads) or spread by ``device_map``.
+    ``handle.info`` records ``device`` and ``device_map``."""
     name = (cfg or {}).get("name") if not hasattr(cfg, "name") else cfg.name
     if not name:
         raise ConfigError("model config has no name")
     builder = (cfg or {}).get("builder") if not hasattr(cfg, "builder") else cfg.builder
     cls, args = MODELS.args(cfg, f"model={name}", name=builder or name)
     args.name = name
-    return cls.build(args)
+    if device is not None and not isinstance(device, torch.device):
+        device = check_device(device)
+    handle = cls.build(args, device=device, device_map=device_map)
+    dm = getattr(handle.model, "hf_device_map", None) if device_map is not None else None
+    handle.info["device"] = str(device if device is not None and dm is None else
+                                next(handle.model.parameters()).device)
+    handle.info["device_map"] = {str(k): str(v) for k, v in dm.items()} if dm else None
+    return handle
 
 
 def load_model(name: str, **overrides) -> ModelHandle:

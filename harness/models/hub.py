@@ -16,6 +16,7 @@ class Hub:
     Args = ModelArgs
 
     @staticmethod
-    def build(a: ModelArgs) -> ModelHandle:
-        model, tok = load_pretrained(a.path, a.dtype, a.attn_implementation, gguf_file=a.gguf_file)
+    def build(a: ModelArgs, device=None, device_map=None) -> ModelHandle:
+        model, tok = load_pretrained(a.path, a.dtype, a.attn_implementation, gguf_file=a.gguf_file, device=device,
+                                     device_map=device_map)
         return ModelHandle(model, tok, a.name, a.native_ctx, {"path": a.path, "rotary_dim": rotary_dim(model.config)})

@@ -33,8 +33,13 @@ class SmolLM2:
         native_ctx: int = 8192
 
     @staticmethod
-    def build(a: SmolLM2.Args) -> ModelHandle:
-        d, f = (a.path, a.gguf_file) if a.path else gguf_location()
-        model, tok = load_pretrained(d, a.dtype, a.attn_implementation, gguf_file=f or a.gguf_file)
+    def source(a: SmolLM2.Args) -> tuple[str, str]:
+        return (a.path, a.gguf_file) if a.path else gguf_location()
+
+    @staticmethod
+    def build(a: SmolLM2.Args, device=None, device_map=None) -> ModelHandle:
+        d, f = SmolLM2.source(a)
+        model, tok = load_pretrained(d, a.dtype, a.attn_implementation, gguf_file=f or a.gguf_file, device=device,
+                                     device_map=device_map)
         return ModelHandle(model, tok, "smollm2_135m", a.native_ctx,
                            {"path": f"{d}/{f}", "rotary_dim": rotary_dim(model.config)})

@@ -36,11 +36,15 @@ class TinyLlama:
         native_ctx: int = 512
 
     @staticmethod
-    def build(a: TinyLlama.Args) -> ModelHandle:
+    def source(a: TinyLlama.Args) -> tuple[str, str]:
+        return a.path or str(ASSET_DIR), ""
+
+    @staticmethod
+    def build(a: TinyLlama.Args, device=None, device_map=None) -> ModelHandle:
         path = a.path or str(ASSET_DIR)
         if not (Path(path) / "model.safetensors").exists():
             raise ConfigError(f"tiny_llama weights not found in {path} (run scripts/pretrain_tiny.py)")
-        model, tok = load_pretrained(path, a.dtype, a.attn_implementation)
+        model, tok = load_pretrained(path, a.dtype, a.attn_implementation, device=device, device_map=device_map)
         trained = int(model.config.max_position_embeddings)
         if not a.path and trained != a.native_ctx:
             raise ConfigError(f"model.native_ctx = {a.native_ctx} but the shipped tiny_llama was pretrained at "

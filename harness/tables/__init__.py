@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.results import read_rows
+from harness.results import atomic_write_text, read_rows
 from harness.tables.build import build_tables
 from harness.tables.paper import Paper
 from harness.tables.render import write
@@ -60,6 +60,6 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
     lines += [f"- figure: [{p.stem}]({Path('..') / 'figures' / p.name})" for p in figs if p.suffix == ".png"]
     lines += [f"- figure note: {m}" for m in fig_notes]
     lines += [f"- **not built**: {m}" for m in errors]
-    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write_text(index, "\n".join(lines) + "\n")
     return {"rows": len(rows), "tables": tables, "files": written + [index], "figures": figs, "rowset": rs,
             "errors": errors, "figure_notes": fig_notes}

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from harness import stats
+from harness.results import atomic_write
 from harness.tables import estimates as est
 from harness.tables.build import _task_mean, attention
 from harness.tables.paper import Paper
@@ -50,9 +51,11 @@ def _suptitle(fig, text: str, fontsize: float = 10) -> None:
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=110)
-    fig.savefig(paths[1])
-    plt.close(fig)
+    try:  # temp file + rename: a full disk keeps the previous figure
+        atomic_write(paths[0], lambda f: fig.savefig(f, format="png", dpi=110))
+        atomic_write(paths[1], lambda f: fig.savefig(f, format="pdf"))
+    finally:
+        plt.close(fig)
     return paths
 
 

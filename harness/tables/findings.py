@@ -727,11 +727,10 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
 
 def write(results_dir: str | Path, out: str | Path | None = None, model: str | None = None,
           runs_dir: str | Path | None = None) -> Path:
-    from harness.results import read_rows
+    from harness.results import atomic_write_text, read_rows
     from harness.tables.rows import load_spec, read_rows_in
 
     rs = RowSet(read_rows(results_dir) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     path = Path(out or Path(results_dir) / "findings.md")
-    path.write_text(report(rs, model, source=str(runs_dir) if runs_dir is not None else "results/runs/"),
-                    encoding="utf-8")
+    atomic_write_text(path, report(rs, model, source=str(runs_dir) if runs_dir is not None else "results/runs/"))
     return path

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.results import atomic_write_text
+
 DASH = "\u2014"
 
 
@@ -200,6 +202,6 @@ def write(t: Table, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     md, tex = out_dir / f"{t.id}.md", out_dir / f"{t.id}.tex"
-    md.write_text(to_markdown(t), encoding="utf-8")
-    tex.write_text(to_latex(t), encoding="utf-8")
+    atomic_write_text(md, to_markdown(t))  # temp file + rename: a full disk keeps the previous table
+    atomic_write_text(tex, to_latex(t))
     return [md, tex]

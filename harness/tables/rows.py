@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from harness.results import liveness
+from harness.results import read_rows_in as _read_rows_in
 
 HERE = Path(__file__).parent
 
@@ -33,16 +34,9 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def read_rows_in(directory: str | Path) -> list[dict]:
-    """Every intact row (``*.json``) directly in ``directory``: an archived study (``results/archive/<name>/``)."""
-    import sys
-
-    rows = []
-    for f in sorted(Path(directory).glob("*.json")):
-        try:
-            rows.append(json.loads(f.read_text()))
-        except (json.JSONDecodeError, OSError) as e:
-            print(f"warning: skipping unreadable row {f}: {e}", file=sys.stderr)
-    return rows
+    """Every row (``*.json``) directly in ``directory``: an archived study (``results/archive/<name>/``); anything
+    else is skipped with a warning naming it (``harness.results.read_rows_in``, the one reader of row files)."""
+    return _read_rows_in(directory)
 
 
 def load_spec(path: str | Path | None = None) -> dict:

@@ -14,6 +14,16 @@ from harness.config import AUTOCAST, ConfigError
 SCHEDULES = ("constant_with_warmup", "linear", "cosine")  # after the linear warm-up (harness.train.step.lr_lambda)
 
 
+class Terminated(BaseException):
+    """SIGTERM (Slurm preemption or time limit, ``kill``): raised in the main thread so the row ends ``failed``
+    (``harness.pipeline.raise_on_sigterm``). A ``BaseException``: a kill ends a sweep too."""
+
+
+class Preempted(Terminated):
+    """The distributed engine stopped on SIGUSR2 / SIGTERM after saving a resumable checkpoint (the message names
+    its step); the requeued job resumes from it (``harness.train.deepspeed_engine``)."""
+
+
 @dataclass
 class TrainArgs:
     name: str = "none"
@@ -36,7 +46,8 @@ class TrainArgs:
     grad_checkpointing: bool = False
     zero_stage: int = 3  # deepspeed engine
     offload: bool = False  # deepspeed: offload optimizer + params to CPU
-    # deepspeed: auto (DeepSpeed AdamW on GPU / with offload, else torch AdamW) | torch | deepspeed
+    # deepspeed engine: auto (torch AdamW as client optimizer, fused on GPU; DeepSpeed's CPU Adam with offload)
+    # | torch | deepspeed (DeepSpeed's JIT-compiled AdamW: FusedAdam on GPU); see deepspeed_engine.optimizer_kind
     optimizer: str = "auto"
     doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
     save_every: int = 50  # steps between resumable checkpoints (0 = none)

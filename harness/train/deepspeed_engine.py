@@ -17,10 +17,20 @@ level, where DeepSpeed ignores it), bf16, gradient clipping, micro batch x accum
 The LR schedule is the harness's own ``lr_lambda`` passed as a client scheduler; the JSON never has a ``scheduler``
 block (in the study's release a DeepSpeed ``WarmupDecayLR`` silently overrides the "constant_with_warmup" it asks for).
 
-Optimizer: on GPU, or with offload, DeepSpeed's own AdamW (FusedAdam / DeepSpeedCPUAdam, JIT-compiled with ninja into
-``TORCH_EXTENSIONS_DIR``); on CPU without offload, torch's AdamW as a client optimizer
-(``zero_allow_untested_optimizer``), which needs no compiled op and is the same update rule as the single engine.
-``train.optimizer`` = auto | torch | deepspeed overrides the choice.
+Optimizer (``optimizer_kind``; recorded in the row's ``train_info["optimizer"]``): ``train.optimizer=auto`` uses
+torch's AdamW as a DeepSpeed client optimizer (``zero_allow_untested_optimizer``), ``fused=True`` on GPU: no
+JIT-compiled op, no nvcc on the compute node, the same update rule as the single engine. With CPU offload, ``auto``
+uses DeepSpeed's CPU Adam (DeepSpeed refuses a client optimizer with ZeRO-Offload); ``train.optimizer=deepspeed``
+asks for DeepSpeed's AdamW anyway (FusedAdam on GPU). Those ops are JIT-compiled (ninja; gcc for CPU Adam, nvcc for
+FusedAdam) into ``TORCH_EXTENSIONS_DIR``: ``launch`` builds the op once in the parent process, before torchrun
+starts the ranks (``prebuild_optimizer_op``), so the ranks only load the cached build instead of 8 ranks compiling
+at once (and a rank killed mid-build leaving the build's ``lock`` file behind, on which every later job waits).
+
+Collectives: every tensor a collective carries lives on the rank's device ``dev`` (``cuda:LOCAL_RANK`` on GPU, where
+NCCL refuses CPU tensors; the CPU with gloo): the per-step loss and stop flag (``reduce_step``), the final gather
+(``_gather_full``), and the EMA partitions read back from a checkpoint (``PartitionEMA.load``); object collectives
+(``broadcast_object_list``, ``all_gather_object``, barriers) use the current CUDA device, set before the process
+group starts.
 
 EMA under ZeRO-3: each rank keeps an fp32 EMA of *its own partition* of every parameter (``param.ds_tensor``), updated
 after every optimizer step; memory is 4 bytes x params / world_size per rank, and no communication is needed. At the
@@ -41,10 +51,22 @@ warns naming it and all ranks move on to the previous checkpoint together. DeepS
 A corrupt file that keeps its size and fails inside ``engine.load_checkpoint`` fails the run (ranks cannot agree
 on a fallback from inside DeepSpeed's collective load).
 
-Process lifetime: torchrun gets SIGTERM when the launching process dies (Linux ``PR_SET_PDEATHSIG``; torchrun then
-stops its ranks), and every rank watches its parent and the launching process (``HARNESS_LAUNCHER_PID``) and kills
-itself within a second of either disappearing, so a killed ``run.py`` never leaves ranks training and writing
-checkpoints.
+Preemption (Slurm's SIGTERM; submitit's SIGUSR2 before the time limit): torchrun is started with SIGTERM and SIGUSR2
+ignored and told not to handle SIGTERM (``--signals-to-handle``), so neither it nor, until they install their
+handlers, its ranks die of them. Each rank records SIGUSR2 / SIGTERM (``StopFlag``) and so does ``launch`` in the
+parent (``SignalRelay``, in place of ``pipeline.raise_on_sigterm``'s and submitit's handlers while torchrun runs),
+which passes the request on in a file (``<job>/stop_requested``) that every rank checks at each step boundary. At
+the boundary the ranks agree (the flag rides on the loss all-reduce, one collective per step, on ``dev``); on a
+request they save a checkpoint of the finished step, rank 0 writes ``<job>/preempted.json``, and they exit with
+``PREEMPTED_EXIT``. ``launch`` then raises ``Preempted`` ("preempted by SIGTERM: training saved a checkpoint at step
+N ..."), or, when the signal was submitit's SIGUSR2, prints that line and hands the signal to submitit's handler,
+which requeues the job; the requeued job resumes from that checkpoint. The save must fit in the time Slurm leaves
+(``signal_delay_s`` before the time limit; KillWait after a preemption's SIGTERM).
+
+Process lifetime: torchrun gets SIGKILL when the launching process dies (Linux ``PR_SET_PDEATHSIG``; SIGTERM, on
+which torchrun stops its ranks, for a torchrun that is not preemptible, e.g. the evaluation's), and every rank watches
+its parent and the launching process (``HARNESS_LAUNCHER_PID``) and kills itself within a second of either
+disappearing, so a killed ``run.py`` never leaves ranks training and writing checkpoints.
 
 Limitations: every rank loads the full model in host memory before DeepSpeed partitions it (no ``zero.Init``);
 for LLaMA2-7B in bf16 that is ~13.5 GB per rank. ``run.py`` launches one node; for several nodes run
@@ -74,6 +96,7 @@ from harness.train.checkpoint import (
     safe_torch_load,
     save_error,
     save_state,
+    share,
 )
 from harness.train.ema import ema_update_
 from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
@@ -84,12 +107,29 @@ ENTRY = ROOT / "scripts" / "train_distributed.py"
 
 
 # ----------------------------------------------------------------------------------------------- config
+OPTIMIZERS = {"deepspeed": "deepspeed AdamW", "torch_fused": "torch AdamW fused (client optimizer)",
+              "torch": "torch AdamW (client optimizer)"}
+
+
+def optimizer_kind(a: TrainArgs, on_gpu: bool) -> str:
+    """``deepspeed`` (the JSON's AdamW: FusedAdam on GPU, DeepSpeedCPUAdam with offload; JIT-compiled ops),
+    ``torch_fused`` (``torch.optim.AdamW(fused=True)`` on the GPU partitions) or ``torch`` (``torch.optim.AdamW``)."""
+    if a.optimizer == "deepspeed" or (a.optimizer == "auto" and a.offload):
+        return "deepspeed"
+    return "torch_fused" if on_gpu and not a.offload else "torch"
+
+
 def use_ds_optimizer(a: TrainArgs, on_gpu: bool) -> bool:
-    if a.optimizer == "torch":
-        return False
-    if a.optimizer == "deepspeed":
-        return True
-    return on_gpu or a.offload
+    return optimizer_kind(a, on_gpu) == "deepspeed"
+
+
+def client_optimizer(a: TrainArgs, params: list, on_gpu: bool):
+    """The torch AdamW handed to ``deepspeed.initialize`` (None when the JSON names DeepSpeed's own)."""
+    kind = optimizer_kind(a, on_gpu)
+    if kind == "deepspeed":
+        return None
+    return torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay,
+                             **({"fused": True} if kind == "torch_fused" else {}))
 
 
 def bf16_enabled(a: TrainArgs, on_gpu: bool = False) -> bool:
@@ -124,6 +164,8 @@ def ds_config(a: TrainArgs, on_gpu: bool = False) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if a.offload and not use_ds_optimizer(a, on_gpu):
+        cfg["zero_force_ds_cpu_optimizer"] = False  # train.optimizer=torch with offload: asked for explicitly
     if use_ds_optimizer(a, on_gpu):
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": a.lr, "betas": list(a.betas), "eps": 1e-8,
                                                         "weight_decay": a.weight_decay}}
@@ -133,6 +175,76 @@ def ds_config(a: TrainArgs, on_gpu: bool = False) -> dict:
 # ----------------------------------------------------------------------------------------------- parent side
 def _torch_extensions_dir() -> str:
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
+
+
+def prebuild_optimizer_op(a: TrainArgs, on_gpu: bool) -> str | None:
+    """Build (or load the cached build of) DeepSpeed's optimizer op in this process, before any rank starts; the
+    op's builder name, or None when the ranks need no compiled op."""
+    if optimizer_kind(a, on_gpu) != "deepspeed":
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    name = "CPUAdamBuilder" if a.offload else "FusedAdamBuilder"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", _torch_extensions_dir())  # where the ranks will look
+    builder = get_accelerator().create_op_builder(name)
+    if builder is None:
+        raise RuntimeError(f"train.optimizer: DeepSpeed has no {name} for this accelerator; use train.optimizer=torch")
+    builder.load()
+    return name
+
+
+PREEMPTED_EXIT = 85  # a rank's exit code after it saved a checkpoint on a stop request
+STOP_FILE, PREEMPTED_FILE = "stop_requested", "preempted.json"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+class SignalRelay:
+    """In the launching process while torchrun runs: SIGTERM / SIGUSR2 are recorded and passed on to the ranks
+    (``<job>/STOP_FILE``) instead of ending this process (which would kill torchrun and the ranks unsaved); the
+    previous handlers come back on exit. ``replay()`` then does what the first signal would have done."""
+
+    def __init__(self, job_dir: Path):
+        self.job_dir, self.caught, self.previous = Path(job_dir), [], {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                self.previous[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def _on_signal(self, signum, frame) -> None:
+        self.caught.append(signum)
+        try:
+            (self.job_dir / STOP_FILE).write_text(signal.Signals(signum).name)
+        except OSError as e:  # the ranks got the same signal from Slurm's cgroup anyway, most often
+            print(f"warning: could not pass {signal.Signals(signum).name} on to the ranks ({e})", file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+
+    def replay(self, message: str | None) -> None:
+        """After torchrun ended: hand the first caught signal to its previous handler (submitit's SIGUSR2 handler
+        requeues the job), or raise ``Preempted(message)`` / ``Terminated``."""
+        from harness.train import Preempted, Terminated
+
+        if not self.caught:  # the ranks alone got the signal (Slurm signals the whole step)
+            if message:
+                raise Preempted(message)
+            return
+        signum = self.caught[0]
+        prev = self.previous.get(signum)
+        if signum == signal.SIGUSR2 and callable(prev):  # submitit's handler: requeue the job, then exit
+            if message:
+                print(message, file=sys.stderr, flush=True)
+            prev(signum, None)
+            if message:
+                raise Preempted(message)
+            return
+        if message:
+            raise Preempted(message)
+        if prev != signal.SIG_IGN:  # training had finished: what the signal would have done
+            raise Terminated(f"terminated by {signal.Signals(signum).name}")
 
 
 def write_spec(cfg_plain: dict, ckpt_dir: Path, fingerprint: str, job_dir: Path) -> Path:
@@ -155,19 +267,43 @@ def _die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
 
 
-def run_torchrun(spec_path: Path, world_size: int, log=None) -> int:
-    """Start ``world_size`` ranks on this node and wait; returns torchrun's exit code. torchrun and its ranks end
-    when this process ends, however it ends (see the module docstring)."""
+def _torchrun_preexec() -> None:
+    """torchrun survives SIGTERM / SIGUSR2 (ignored, inherited by the ranks until they install ``StopFlag``) and
+    dies with its parent."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        _die_with_parent(signal.SIGKILL)  # torchrun ignores SIGTERM now
+
+
+def run_torchrun(spec_path: Path, world_size: int, log=None, entry: Path | None = None,
+                 preemptible: bool | None = None) -> int:
+    """Start ``world_size`` ranks of ``entry`` (default: the training entry point) on this node and wait; returns
+    torchrun's exit code. torchrun and its ranks end when this process ends, however it ends (see the module
+    docstring). Data-parallel evaluation (``harness.eval_distributed``) starts its ranks with it too.
+    ``preemptible`` (default: for the training entry point): torchrun ignores SIGTERM / SIGUSR2 and the ranks handle
+    them by saving and stopping (module docstring, "Preemption"); otherwise torchrun stops its ranks on SIGTERM."""
     env = os.environ.copy()
     env.setdefault("TORCH_EXTENSIONS_DIR", _torch_extensions_dir())
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["HARNESS_LAUNCHER_PID"] = str(os.getpid())
+    if preemptible is None:
+        preemptible = entry is None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-           str(ENTRY), str(spec_path)]
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
-    return subprocess.run(cmd, env=env, cwd=os.getcwd(), stdout=log, stderr=subprocess.STDOUT if log else None,
-                          preexec_fn=preexec).returncode
+           *(["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"] if preemptible else []),  # SIGTERM: the ranks save first
+           str(entry or ENTRY), str(spec_path)]
+    if preemptible:
+        preexec = _torchrun_preexec
+    else:
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=log, stderr=subprocess.STDOUT if log else None,
+                            preexec_fn=preexec)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.kill()  # e.g. Ctrl-C or SIGTERM outside launch's relay: torchrun, and by their watchdog the ranks, end
+        raise
 
 
 def watch_launcher(poll_s: float = 1.0) -> None:
@@ -206,12 +342,30 @@ def load_final(handle, method, out_dir: Path) -> dict:
     return info
 
 
+def train_job(spec_path: Path, world_size: int, log=None) -> int:
+    """torchrun over the training ranks with ``SignalRelay`` in place; raises ``Preempted`` (or hands the signal to
+    submitit) when the ranks stopped on a request after saving; else torchrun's exit code."""
+    job = Path(spec_path).parent
+    for name in (STOP_FILE, PREEMPTED_FILE):
+        (job / name).unlink(missing_ok=True)
+    with SignalRelay(job) as relay:
+        rc = run_torchrun(spec_path, world_size, log)
+    marker, message = job / PREEMPTED_FILE, None
+    if marker.exists():
+        m = json.loads(marker.read_text())
+        message = (f"preempted by {m['signal']}: training saved a checkpoint at step {m['step']} of {m['total']} "
+                   f"({m['checkpoint']}); the requeued job resumes from it")
+    relay.replay(message)
+    return rc
+
+
 def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
     job = Path(run_dir) / "train_job"
     spec = write_spec(OmegaConf.to_container(cfg, resolve=True), ckpt_dir, fingerprint, job)
-    rc = run_torchrun(spec, a.world_size)
+    prebuild_optimizer_op(a, torch.cuda.is_available())
+    rc = train_job(spec, a.world_size)
     if rc != 0:
         raise RuntimeError(f"distributed training failed (torchrun exit code {rc}); job spec {spec}")
     return load_final(handle, method, job)
@@ -222,6 +376,39 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     """This rank's piece of a parameter: its ZeRO-3 partition, or the whole tensor when not partitioned."""
     t = getattr(p, "ds_tensor", None)
     return t if t is not None else p.data
+
+
+def reduce_step(loss: float, stop: bool, dev) -> torch.Tensor:
+    """The step's all-reduce, on ``dev``: ``[sum of the ranks' losses, number of ranks asked to stop]`` (float64).
+    The caller reads it with one ``.tolist()``; the tensor lives on the collective's device (NCCL: the GPU)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([float(loss), 1.0 if stop else 0.0], dtype=torch.float64, device=dev)
+    dist.all_reduce(t)
+    return t
+
+
+class StopFlag:
+    """A rank's stop request: SIGUSR2 / SIGTERM received, or ``<job>/STOP_FILE`` written by ``launch``."""
+
+    def __init__(self, job_dir: Path | None = None, install: bool = True):
+        self.stop_file = Path(job_dir) / STOP_FILE if job_dir is not None else None
+        self.signum: int | None = None
+        if install:
+            for s in STOP_SIGNALS:
+                signal.signal(s, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signum = signum
+
+    def requested(self) -> bool:
+        if self.signum is None and self.stop_file is not None and self.stop_file.exists():
+            name = self.stop_file.read_text().strip() or "SIGTERM"
+            self.signum = int(getattr(signal, name, signal.SIGTERM))
+        return self.signum is not None
+
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "a stop request"
 
 
 class PartitionEMA:
@@ -235,6 +422,11 @@ class PartitionEMA:
 
     def update(self) -> None:
         ema_update_(self.shadow, [_local(p) for p in self.params], self.decay)
+
+    def load(self, tensors: list) -> None:
+        """The shadow from a checkpoint (read on the CPU), placed where each partition lives."""
+        self.shadow = [t.to(device=_local(p).device, dtype=torch.float32, copy=True)
+                       for p, t in zip(self.params, tensors)]
 
     @torch.no_grad()
     def copy_to_params(self) -> None:
@@ -252,7 +444,7 @@ def _gather_full(p: torch.Tensor, local: torch.Tensor, dev) -> torch.Tensor:
     flat = local.reshape(-1).to(dev).contiguous()
     parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, flat)
-    return torch.cat(parts)[: p.ds_numel].view(p.ds_shape)
+    return torch.cat(parts).narrow(0, 0, p.ds_numel).view(p.ds_shape)  # the padding at the end dropped
 
 
 def deepspeed_safe_globals() -> list:
@@ -290,7 +482,7 @@ def _resume(engine, ema, store: Store, rank: int, world: int):
         for i, d in enumerate(Path(p) for p in box[0]):
             meta, state, err = None, None, None
             try:
-                meta = store.verify(d)
+                meta = store.verify(d, digests=rank == 0)  # rank 0 hashes; the gather below shares its verdict
                 if meta.get("world_size") == world:
                     state = load_state(d, f"rank{rank}")
             except CheckpointError as e:
@@ -308,7 +500,7 @@ def _resume(engine, ema, store: Store, rank: int, world: int):
                 continue  # written by another number of ranks: another partition layout
             engine.load_checkpoint(str(d), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
             if ema is not None and state["ema"] is not None:
-                ema.shadow = [t.clone() for t in state["ema"]]
+                ema.load(state["ema"])
             _set_rng_state(state["rng"])
             return meta
         return None
@@ -333,18 +525,19 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     t_start = started or time.time()
     watch_launcher()
     spec = json.loads(Path(spec_path).read_text())
+    stop = StopFlag(Path(spec["out_dir"]))  # before anything slow: SIGUSR2 / SIGTERM from now on save and stop
     cfg = OmegaConf.create(spec["config"])
     a = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     a.validate()
     on_gpu = torch.cuda.is_available()
-    if not on_gpu:
+    if on_gpu:  # before the process group: NCCL and the object collectives use the current device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != a.world_size:
         raise RuntimeError(f"train.world_size={a.world_size} but torchrun started {world} ranks")
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     ckpt_dir, fingerprint, out_dir = Path(spec["ckpt_dir"]), spec["fingerprint"], Path(spec["out_dir"])
     phases: dict[str, float] = {"imports_and_init_distributed": round(time.time() - t_start, 2)}
 
@@ -367,9 +560,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     total, acc = a.steps(), a.accumulation()
     conf = ds_config(a, on_gpu)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = None
-    if "optimizer" not in conf:
-        optimizer = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+    optimizer = client_optimizer(a, params, on_gpu)  # ZeRO hands it its fp32 partitions (on the GPU)
     sched_fn = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))  # noqa: E731
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
                                            lr_scheduler=sched_fn, config=conf)
@@ -402,17 +593,26 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
             engine.step()  # DeepSpeed updates only at the accumulation boundary
         if ema is not None:
             ema.update()
-        mean = torch.tensor([loss], dtype=torch.float64)
-        dist.all_reduce(mean)
-        losses.append(float(mean.item()) / world)
+        loss_sum, stopping = reduce_step(loss, stop.requested(), dev).tolist()  # all ranks agree on stopping
+        losses.append(loss_sum / world)
         if rank == 0 and (a.log_every and ((step + 1) % a.log_every == 0 or step + 1 == total)):
             el = time.time() - t0
             tps = tokens_per_step * (step + 1 - start) / max(el, 1e-9)
             eta = (total - step - 1) * el / max(1, step + 1 - start)
             print(f"[zero{a.zero_stage} x{world}] step {step + 1}/{total} loss {losses[-1]:.4f} "
                   f"{tps:.0f} tok/s ETA {eta:.0f}s", file=sys.stderr, flush=True)
-        if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
-            _save(engine, ema, store, step + 1, fingerprint, world, rank, losses, tokens_per_step)
+        saved = a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total
+        if saved or (stopping and step + 1 < total):
+            path = _save(engine, ema, store, step + 1, fingerprint, world, rank, losses, tokens_per_step)
+        if stopping and step + 1 < total:  # preempted: the checkpoint of this step is written; leave
+            if rank == 0:
+                print(f"[zero{a.zero_stage} x{world}] stop requested ({stop.name()}): saved step {step + 1}",
+                      file=sys.stderr, flush=True)
+                marker = {"signal": stop.name(), "step": step + 1, "total": total, "checkpoint": str(path)}
+                (out_dir / PREEMPTED_FILE).write_text(json.dumps(marker))
+            dist.barrier()
+            dist.destroy_process_group()
+            return {"preempted_at_step": step + 1}
     wall = time.time() - t0
     phase("train")
 
@@ -428,7 +628,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
             state[name] = full.to(dtype=p.dtype, device="cpu").contiguous()
     info = {
         "engine": "deepspeed", "zero_stage": a.zero_stage, "offload": a.offload, "bf16": conf["bf16"]["enabled"],
-        "optimizer": "deepspeed AdamW" if "optimizer" in conf else "torch AdamW (client optimizer)",
+        "optimizer": OPTIMIZERS[optimizer_kind(a, on_gpu)],
         "steps": total, "resumed_from_step": resumed_from, "tokens_seen": tokens_per_step * total,
         "seq_len": a.seq_len, "effective_global_batch": a.micro_batch * acc * world, "micro_batch": a.micro_batch,
         "grad_accumulation": acc, "world_size": world, "lr": a.lr, "schedule": a.schedule,
@@ -451,6 +651,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
         tmp.mkdir(parents=True)
         save_file(state, tmp / "model.safetensors")
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
+        share(tmp)  # the umask's permissions, as rows (safetensors writes 0600)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         print(f"[zero{a.zero_stage} x{world}] done; seconds per phase {phases}", file=sys.stderr, flush=True)
@@ -462,20 +663,23 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
 
 
 def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, rank: int, losses: list,
-          tokens_per_step: int) -> None:
+          tokens_per_step: int) -> Path | None:
+    """Write and publish the checkpoint of ``step`` (every rank); rank 0 gets its published directory."""
     import torch.distributed as dist
 
     box = [str(store.new_tmp(step)) if rank == 0 else None]  # this run's own temporary directory
     dist.broadcast_object_list(box, src=0)
     tmp = Path(box[0])
+    published = None
     try:
         engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
         save_state(tmp, f"rank{rank}", {"ema": ema.shadow if ema is not None else None, "rng": _rng_state()})
         dist.barrier()
         if rank == 0:
-            store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,
-                                      "tokens": tokens_per_step * step, "losses": losses})
+            published = store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,
+                                                  "tokens": tokens_per_step * step, "losses": losses})
         dist.barrier()
+        return published
     except BaseException as e:
         if rank == 0:
             store.discard(tmp)  # a full disk: free what this save took

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from harness.device import model_device
 from harness.train import TrainArgs
 from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
@@ -105,12 +106,13 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         start = resumed_from = meta["step"]
         losses = list(meta.get("losses", []))
     bos = handle.tokenizer.bos_token_id if handle.tokenizer is not None else None
+    dev = model_device(model)
     t0 = time.time()
     tokens_per_step = a.global_batch * a.seq_len
     for step in range(start, total):
         micro = []
         for ids in batches_for_step(chunks, step, accumulation, a.micro_batch):
-            batch = method.train_batch(ids)
+            batch = method.train_batch(ids.to(dev))  # on the model's device (its input embeddings' under device_map)
             if a.doc_masking and bos is not None:
                 batch = add_document_positions(batch, bos)
             micro.append(micro_step(model, batch, accumulation, a.autocast))
@@ -125,7 +127,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
             ema.update(model)
         losses.append(loss)
         if progress:
-            progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0))
+            progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0),
+                     sched.get_last_lr()[0])
         if on_step:
             on_step(step + 1, model, ema)
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:

@@ -1,0 +1,56 @@
+"""Evaluation progress (``harness.report`` re-exports it for ``run.py``; the data-parallel ranks use it too)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+console = Console(stderr=True)
+
+
+class EvalProgress:
+    """Evaluation progress, one call per finished prompt (``harness.evals.EvalContext.map``:
+    ``progress(entry, done, total)``). On a terminal: a rich bar per suite entry and prompt set, with the input length
+    the model last saw and an ETA. Elsewhere (Slurm logs, pipes): one plain line every ``every_s`` seconds
+    (``HARNESS_PROGRESS_S``, default 60) and one when a prompt set is done, so a long evaluation is never silent.
+    ``tokens`` (a dict the pipeline's length watcher fills: ``tokens`` = the decoder's latest input + cache) adds the
+    length to each line."""
+
+    def __init__(self, every_s: float | None = None, terminal: bool | None = None, write=None):
+        self.every_s = float(os.environ.get("HARNESS_PROGRESS_S", "60")) if every_s is None else every_s
+        self.terminal = console.is_terminal if terminal is None else terminal
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.tokens: dict = {}
+        self.p, self.task, self.key, self.t0, self.last = None, None, None, 0.0, 0.0
+
+    def __call__(self, entry: str, done: int, total: int) -> None:
+        now = time.time()
+        key = (entry, total)
+        if key != self.key or done == 1:  # a new prompt set (the next length, the next entry)
+            self._close()
+            self.key, self.t0, self.last = key, now - 1e-9, now
+            if self.terminal:
+                self.p = Progress(TextColumn("eval {task.fields[entry]}"), BarColumn(),
+                                  TextColumn("{task.completed}/{task.total} prompts"), TextColumn("{task.fields[at]}"),
+                                  TimeRemainingColumn(), console=console, transient=False, refresh_per_second=2)
+                self.p.start()
+                self.task = self.p.add_task("eval", total=total, entry=entry, at="")
+        at = f"at {self.tokens['tokens']} tokens" if self.tokens.get("tokens") else ""
+        if self.p is not None:
+            self.p.update(self.task, completed=done, at=at)
+        elif done >= total or now - self.last >= self.every_s:
+            rate = (now - self.t0) / max(1, done)
+            eta = f", ETA {rate * (total - done):.0f} s" if done < total else ""
+            self.write(f"eval {entry}: {done}/{total} prompts{' ' + at if at else ''}, {now - self.t0:.0f} s{eta}")
+            self.last = now
+        if done >= total:
+            self._close()
+            self.key = None
+
+    def _close(self) -> None:
+        if self.p is not None:
+            self.p.stop()
+        self.p, self.task = None, None

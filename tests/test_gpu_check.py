@@ -1,0 +1,104 @@
+"""``make gpu-check`` cannot rot: ``scripts/gpu_check.py --smoke`` runs its whole code path on CPU (tiny_llama written
+as a hub folder, run.py sweeps over methods at 2C and 4C, DeepSpeed steps, bench_gpu) into a temp folder; without a
+CUDA GPU the real mode stops with one line and writes nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, load_file_module
+
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+REAL_OUT = ROOT / "results" / "gpu_check.json"
+
+
+def gpu_check():
+    return load_file_module(SCRIPT)
+
+
+def stat_or_none(p):
+    return p.stat().st_mtime_ns if p.exists() else None
+
+
+def test_smoke_runs_every_check_through_run_py(tmp_path):
+    before = stat_or_none(REAL_OUT)
+    work = tmp_path / "work"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--work", str(work)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert stat_or_none(REAL_OUT) == before  # the smoke never touches results/gpu_check.json
+    d = json.loads((work / "gpu_check.json").read_text())
+    assert d["mode"] == "smoke" and d["ok"] is True and d["failed"] == []
+    assert d["device"]["count"] == 0 and d["versions"]["torch"] == torch.__version__
+    assert d["model"]["source"] == "tiny_llama" and d["model"]["native_ctx"] == 128 and d["lengths"] == [256, 512]
+    assert (work / "cache" / "hub" / "tiny_llama" / "config.json").is_file()  # the hub folder run.py loaded
+    # one row per method, made by run.py from the hub folder, passkey at both lengths; the Hydra callback timed it
+    assert set(d["methods"]) == {"base", "self_extend"}
+    for name, m in d["methods"].items():
+        assert m["status"] == "ok" and set(m["passkey_accuracy"]) == {"256", "512"}
+        assert m["seconds"] > 0 and m["peak_allocated_gib"] is None  # CPU: no CUDA allocator to read
+        row = json.loads(open(m["row"]).read())
+        assert row["method"] == name and row["model"] == "tiny_llama_hub" and row["status"] == "ok"
+        assert "model=hub" in row["command"] and row["config"]["model"]["path"].endswith("hub/tiny_llama")
+    c = d["checks"]
+    assert c["methods"]["status"] == "ok" and "run.py -m method=base,self_extend" in c["methods"]["command"]
+    assert c["train"]["status"] == "ok" and c["train"]["train_info"]["engine"] == "deepspeed"
+    assert c["train"]["train_info"]["steps"] == 2 and c["train"]["train_info"]["seq_len"] == 256
+    assert c["data_parallel"]["status"] == "skipped"
+    assert c["bench_gpu"]["status"] == "ok" and json.loads((work / "bench_gpu.json").read_text())["generate"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the real mode would run")
+def test_without_cuda_one_line_and_nothing_written(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    before = stat_or_none(REAL_OUT)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--work", str(tmp_path / "w")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("gpu_check: no CUDA GPU") and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists() and stat_or_none(REAL_OUT) == before
+
+
+def test_smoke_refuses_the_real_summary_path():
+    assert gpu_check().main(["--smoke", "--out", str(REAL_OUT)]) == 2
+
+
+def test_method_verdict_from_rows():
+    """A method passes only with an ok row that measured passkey at both lengths."""
+    v = gpu_check().method_verdict
+    peaks = [{"method": "pi", "seconds": 3.5, "peak_allocated_bytes": 3 * 2**30}]
+    row = {"method": "pi", "status": "ok", "run_id": "r", "_path": "p",
+           "metrics": {"passkey": {"accuracy": {"256": 1.0, "512": 0.5}, "skipped": {}}}}
+    ok = v(row, [256, 512], peaks)
+    assert ok["status"] == "ok" and ok["seconds"] == 3.5 and ok["peak_allocated_gib"] == 3.0
+    part = v({**row, "metrics": {"passkey": {"accuracy": {"256": 1.0}, "skipped": {"512": "too long"}}}}, [256, 512],
+             peaks)
+    assert part["status"] == "failed" and "[512]" in part["error"]
+    bad = v({**row, "status": "failed", "error": "eval.suite.passkey: out of memory"}, [256, 512], [])
+    assert bad["status"] == "failed" and "out of memory" in bad["error"] and bad["seconds"] is None
+    assert v(None, [256, 512], [])["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_smollm2_hub_folder_is_the_gguf_model(tmp_path):
+    """The hub folder gpu-check writes from the shipped GGUF loads with the generic ``hub`` builder (as run.py's
+    ``model=hub model.path=...``) and gives the GGUF model's logits exactly."""
+    from harness.models import build_model, load_model
+
+    folder = tmp_path / "hub"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--hub", "smollm2_135m", str(folder)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    info = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("GPU_CHECK_INFO "))[15:])
+    assert info["hub"]["native_ctx"] == 8192 and info["hub"]["dtype"] == "float32"
+    hub = build_model({"name": "smollm2_135m_hub", "builder": "hub", "path": str(folder), "native_ctx": 8192,
+                       "dtype": "float32", "attn_implementation": "sdpa"})
+    ref = load_model("smollm2_135m")
+    ids = ref.tokenizer("The passkey is 4711. Remember it.", return_tensors="pt").input_ids
+    assert hub.tokenizer("The passkey is 4711. Remember it.", return_tensors="pt").input_ids.tolist() == ids.tolist()
+    with torch.no_grad():
+        assert torch.equal(hub.model(ids).logits, ref.model(ids).logits)

@@ -184,9 +184,11 @@ def _rank_progress(rank: int, world: int):
         return None
     from harness.evals._progress import EvalProgress
 
-    p = EvalProgress(terminal=False)
-    inner = p.__call__
-    return lambda entry, done, total: inner(f"{entry} (rank 0 of {world})", done, total)
+    class RankProgress(EvalProgress):
+        def __call__(self, entry, done, total):
+            super().__call__(f"{entry} (rank 0 of {world})", done, total)
+
+    return RankProgress(terminal=False)
 
 
 def _write_atomic(path: Path, obj) -> None:
@@ -202,6 +204,7 @@ def eval_rank(spec_path: str | Path) -> None:
 
     from harness.config import to_args
     from harness.evals import EvalContext, build_evaluators, set_writer
+    from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
     from harness.methods import build_method
     from harness.methods._flex import AttentionArgs, set_backend
     from harness.train.deepspeed_engine import watch_launcher
@@ -231,10 +234,17 @@ def eval_rank(spec_path: str | Path) -> None:
                           batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), rank=rank, world_size=world,
                           progress=_rank_progress(rank, world))
         suite = spec["suite"]
+        seen: dict = {}  # the decoder's latest input length: an out-of-memory line names it
+        watch_lengths(handle, seen)
+        if ctx.progress is not None:
+            ctx.progress.tokens = seen
         for i, (key, ev) in enumerate(zip(suite, build_evaluators(suite))):
             ctx.entry = key
             t0 = time.time()
-            output = ev.run(handle, method, ctx)
+            try:
+                output = ev.run(handle, method, ctx)
+            except torch.OutOfMemoryError as e:  # one line naming entry, length, device and rank (a ConfigError)
+                raise EvalOutOfMemory(f"{oom_line(f'eval.suite.{key}', e, seen, handle)} [rank {rank}]") from e
             seconds = round(time.time() - t0, 2)
             if rank == 0:
                 _write_atomic(out_dir / f"{i}.json", {"key": key, "output": output, "seconds": seconds})

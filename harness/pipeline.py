@@ -17,6 +17,7 @@ from harness.config import AUTOCAST, ConfigError, to_args
 from harness.data import build_data
 from harness.evals import EvalContext, build_evaluators, check_lengths, check_suite
 from harness.evals import max_length as eval_max_length
+from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model, check_device, check_fits, choose_device_map
@@ -288,11 +289,6 @@ def eval_version(ev) -> int:
     return int(getattr(ev, "version", 1))
 
 
-class EvalOutOfMemory(ConfigError):
-    """An evaluator ran out of accelerator memory: one line naming the suite entry, the input length and the device
-    (a ``ConfigError``: the fix is in the config, shorter lengths or more GPUs; the traceback goes to error.log)."""
-
-
 def evaluate(cfg, handle, method, row: dict, on_result=None, progress=None) -> None:
     """Run the suite, writing the row after each evaluator (partial progress is never lost). An out-of-memory error
     inside an evaluator becomes :class:`EvalOutOfMemory` ("eval.suite.<key>: out of memory at <L> tokens on <device>
@@ -303,7 +299,7 @@ def evaluate(cfg, handle, method, row: dict, on_result=None, progress=None) -> N
 
     keys = list(OmegaConf.to_container(cfg.eval.suite, resolve=True) or {})
     seen: dict = {}
-    hook = _watch_lengths(handle, seen)
+    hook = watch_lengths(handle, seen)
     if progress is not None:
         progress.tokens = seen  # progress lines say at which length the model is
     done = 0
@@ -318,48 +314,10 @@ def evaluate(cfg, handle, method, row: dict, on_result=None, progress=None) -> N
                 on_result(key, row["metrics"][key])
     except torch.OutOfMemoryError as e:  # torch.cuda.OutOfMemoryError is the same class
         key = keys[done] if done < len(keys) else "?"
-        raise EvalOutOfMemory(_oom_line(f"eval.suite.{key}", e, seen, handle)) from e
+        raise EvalOutOfMemory(oom_line(f"eval.suite.{key}", e, seen, handle)) from e
     finally:
         if hook is not None:
             hook.remove()
-
-
-def _watch_lengths(handle, seen: dict):
-    """A forward pre-hook on the model's decoder that keeps, in ``seen``, the tokens of its latest input (new +
-    cached) and their device; returns the hook's handle (None for a model without ``get_decoder``)."""
-    get = getattr(handle.model, "get_decoder", None)
-    decoder = get() if callable(get) else None
-    if decoder is None:
-        return None
-
-    def pre_hook(module, args, kwargs):
-        x = kwargs.get("input_ids")
-        if x is None:
-            x = args[0] if args else None
-        n = int(x.shape[-1]) if x is not None else None
-        if n is None and kwargs.get("inputs_embeds") is not None:
-            x = kwargs["inputs_embeds"]
-            n = int(x.shape[-2])
-        cache = kwargs.get("past_key_values")
-        cached = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
-        if n is not None:
-            seen.update(tokens=n + cached, new=n, cached=cached, device=str(x.device))
-
-    return decoder.register_forward_pre_hook(pre_hook, with_kwargs=True)
-
-
-def _oom_line(where: str, e: BaseException, seen: dict, handle) -> str:
-    from harness.models import model_devices
-
-    device = seen.get("device") or ", ".join(str(d) for d in model_devices(handle.model))
-    at = f"at {seen['tokens']} tokens" if "tokens" in seen else "before the model's first forward"
-    first = " ".join(str(e).split())
-    parts = [p for p in first.split(". ") if p][:3]  # torch's message: what it tried to allocate, what is free
-    detail = ". ".join(parts)[:240] or type(e).__name__
-    if seen.get("cached"):
-        detail += f"; {seen['new']} new + {seen['cached']} cached tokens"
-    return f"{where}: out of memory {at} on {device} ({detail}); use shorter eval lengths or spread the model over " \
-           f"more GPUs (device_map)"
 
 
 def finish(cfg, row: dict, error: BaseException | None = None) -> str | None:

@@ -123,7 +123,6 @@ def _run(args, tmp_path, timeout=600):
 NOT_RESULTS = {"tokens_reused", "tokens_encoded", "generation_seconds", "samples_per_s"}
 
 
-@pytest.mark.slow
 def test_two_cpu_ranks_write_the_row_of_one_process(tmp_path):
     """tiny_llama frozen; PPL (2 windows per batch at 256 tokens, so batches split across ranks), passkey 2 lengths x 4
     prompts and NIAH 2 lengths x 3 depths, once in one process and once in 2 gloo ranks: the same metrics and the

@@ -69,7 +69,7 @@ def test_checkpoint_method_mismatch_refused(tmp_path):
 
 def test_atomic_rows_never_torn(tmp_path):
     for i in range(5):
-        atomic_write_json(tmp_path / "runs" / f"r{i}.json", {"run_id": f"r{i}", "x": list(range(1000))})
+        atomic_write_json(tmp_path / "runs" / f"r{i}.json", {"run_id": f"r{i}", "status": "ok", "x": list(range(1000))})
     (tmp_path / "runs" / "broken.json").write_text("{not json")
     rows = read_rows(tmp_path)
     assert sorted(r["run_id"] for r in rows) == [f"r{i}" for i in range(5)]

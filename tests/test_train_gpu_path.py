@@ -211,7 +211,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_zero3_ranks_save_and_stop_on_slurms_sigterm_then_resume(tmp_path):
     """SIGTERM to every process of the job (as Slurm signals a job step: launcher, torchrun, both ranks) mid-run:
     torchrun survives, the ranks finish the step, save a checkpoint of it and exit; the launcher raises Preempted

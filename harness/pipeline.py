@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from harness import results
 from harness.config import AUTOCAST, ConfigError, to_args
-from harness.data import build_data
+from harness.data import build_data, check_budget
 from harness.evals import EvalContext, build_evaluators, check_lengths, check_suite
 from harness.evals import max_length as eval_max_length
 from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
@@ -88,9 +88,10 @@ def native_ctx(cfg) -> int:
 
 def validate(cfg, data: bool = True):
     """Check every group before anything loads: the method against the model's native window C and the train
-    recipe, the recipe itself, the attention backend, the evaluation autocast, and every evaluator (lengths, settings
-    and, with ``data``, that its local data and the method's files can be read). Each impossible value is one
-    ConfigError line naming the key and the valid range."""
+    recipe, the recipe itself and its token budget against what the data is for (``harness.data.check_budget``), the
+    attention backend, the evaluation autocast, and every evaluator (lengths, settings and, with ``data``, that its
+    local data and the method's files can be read). Each impossible value is one ConfigError line naming the key and
+    the valid range."""
     c = native_ctx(cfg)
     check_seed(cfg.get("seed", 0), "seed")
     check_model_files(cfg.model)
@@ -98,6 +99,8 @@ def validate(cfg, data: bool = True):
     attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()
+    if train.enabled and cfg.get("data") is not None:
+        check_budget(cfg.data, train.name, train.tokens)  # the data is meant for this recipe's token budget
     method.check(c, train)
     if data:
         method.check_data(c)
@@ -232,7 +235,7 @@ def recover(cfg, handle, method, run_dir: Path) -> dict | None:
 
 
 # bookkeeping keys that do not change the weights (a resumed run may change them)
-NOT_IN_RESUME_KEY = {"data": ("cache_dir",),
+NOT_IN_RESUME_KEY = {"data": ("cache_dir", "max_tokens", "scale", "larger"),
                      "train": ("save_every", "log_every", "keep_checkpoints", "convergence_check")}
 
 

@@ -87,15 +87,25 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-# top-level keys that say where and how a run executes, not what it measures: a configuration keeps its hash (and a
-# study its finished points, a sharded run its id) when they change or when a newer harness adds them
-NOT_IN_CONFIG_HASH = ("device", "eval_world_size")
+# keys that say where and how a run executes, or what a config group is for, not what the run measures (dotted:
+# a key of a group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when
+# they change or when a newer harness adds them
+NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger")
 
 
 def config_hash(cfg: dict) -> str:
     if isinstance(cfg, dict):
-        cfg = {k: v for k, v in cfg.items() if k not in NOT_IN_CONFIG_HASH}
+        cfg = _without(cfg, NOT_IN_CONFIG_HASH)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _without(cfg: dict, keys) -> dict:
+    out = {k: v for k, v in cfg.items() if k not in keys}
+    for group in {k.split(".", 1)[0] for k in keys if "." in k}:
+        if isinstance(out.get(group), dict):
+            inner = {k.split(".", 1)[1] for k in keys if k.startswith(group + ".")}
+            out[group] = {k: v for k, v in out[group].items() if k not in inner}
+    return out
 
 
 def git_sha(cwd: str | Path | None = None) -> str | None:

@@ -188,13 +188,7 @@ def _mount_tmpfs(path: Path, size: str, readonly=False, full=False) -> bool:
         return False
     (path / "runs").mkdir()
     if full:
-        with open(path / "filler", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
+        _fill(path / "filler")
     if readonly:
         subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
     return True

@@ -10,6 +10,9 @@ def test_execution_settings_are_not_part_of_the_hash():
     cfg = {"model": {"name": "m"}, "seed": 0}
     assert config_hash(cfg) == config_hash({**cfg, "device": "cuda:3", "eval_world_size": 8})
     assert config_hash(cfg) != config_hash({**cfg, "seed": 1})
+    data = {**cfg, "data": {"name": "local_mix", "seed": 0}}
+    assert config_hash(data) == config_hash({**data, "data": {**data["data"], "max_tokens": 5, "scale": "cpu"}})
+    assert config_hash(data) != config_hash({**data, "data": {**data["data"], "seed": 1}})
 
 
 def test_the_committed_tiny_study_rows_still_match_their_points(monkeypatch):

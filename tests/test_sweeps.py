@@ -41,6 +41,10 @@ def _points(exp: str) -> list[tuple[list[str], object]]:
     return out
 
 
+# the experiments at the paper's scale: their fine-tuned points train on the cluster data, evaluated with this suite
+PAPER_SCALE = {"paper_llama2": "paper", "paper_phi2": "paper", "entropy_abf": "longbench"}
+
+
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_sweep_point_composes(exp):
     points = _points(exp)
@@ -49,6 +53,22 @@ def test_every_sweep_point_composes(exp):
         assert cfg.study.experiment == exp and cfg.study.row
         if cfg.train.enabled is False:
             assert cfg.train.name == "none"
+        elif exp in PAPER_SCALE:  # not the CPU miniature's mixture (validate refuses it under these budgets too)
+            assert cfg.data.name == "slimpajama_upsampled", (exp, cfg.study.row)
+        if exp in PAPER_SCALE:
+            assert cfg.eval.name == PAPER_SCALE[exp], (exp, cfg.study.row)
+
+
+def test_one_paper_point_prints_the_cluster_data_and_the_paper_suite():
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "experiment=paper_llama2",
+                          "point=paper_llama2/ntk_32k", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    import yaml
+
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["data"]["name"] == "slimpajama_upsampled" and cfg["data"]["path"].endswith("/slimpajama")
+    assert cfg["eval"]["name"] == "paper" and cfg["train"]["name"] == "paper"
 
 
 def test_paper_llama2_is_table1():
@@ -58,7 +78,7 @@ def test_paper_llama2_is_table1():
     rows = {cfg.study.row: cfg for _, cfg in _points("paper_llama2")}
     assert set(rows) == TABLE1
     for name, cfg in rows.items():
-        assert cfg.model.name == "llama2_7b" and cfg.eval.name == "paper"
+        assert cfg.model.name == "llama2_7b" and cfg.eval.name == "paper" and cfg.data.name == "slimpajama_upsampled"
         frozen = name in {"LLaMA2", "NTK-Frozen", "LM-Infinite", "Self-Extend"}
         assert cfg.train.name == ("none" if frozen else "paper")
         if frozen:

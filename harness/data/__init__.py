@@ -27,6 +27,16 @@ class DataArgs:
     name: str = ""
     cache_dir: str = ".cache/data"
     seed: int = 0
+    # What the data set is for, from its YAML (none of it changes the data, so none of it is in the cache key):
+    # the largest training budget (train.tokens) it is meant to fill (0 = no limit but its files), a few words on
+    # its scale and the data config for larger budgets; ``check_budget`` refuses a recipe above ``max_tokens``.
+    max_tokens: int = 0
+    scale: str = ""
+    larger: str = ""
+
+
+# DataArgs fields that describe the data set's intended use, not its content (left out of the cache key)
+USE_FIELDS = ("cache_dir", "max_tokens", "scale", "larger")
 
 
 @runtime_checkable
@@ -54,7 +64,7 @@ def cache_key(args, tokenizer, seq_len: int, n_tokens: int) -> dict:
     ``tests/test_data.py`` checks it for every registered builder setting and synthetic kind."""
     from harness.codeversion import data_code_version
 
-    plain = {k: v for k, v in asdict(args).items() if k != "cache_dir"}
+    plain = {k: v for k, v in asdict(args).items() if k not in USE_FIELDS}
     return {"args": plain, "tok": tokenizer_fingerprint(tokenizer), "L": seq_len, "N": n_tokens,
             "code": data_code_version()}
 
@@ -111,6 +121,21 @@ def _load_cache(path: Path, seq_len: int) -> tuple[np.ndarray | None, str | None
     if recorded is not None and list(arr.shape) != list(recorded):
         return None, f"shape {list(arr.shape)}, {recorded} when written"
     return arr, None
+
+
+def check_budget(cfg, train_name: str, tokens: int) -> None:
+    """Before anything loads: a training budget larger than the data set is for (its YAML's ``max_tokens``, e.g.
+    the CPU miniature's mixture under the paper's 1B-token recipe, which would cycle a few million tokens of
+    offline text hundreds of times) is one ConfigError line naming the data config to use instead."""
+    name = cfg.get("name") if hasattr(cfg, "get") else None
+    if not name:
+        raise ConfigError("data config has no name")
+    _, a = DATA.args(cfg, f"data={name}")
+    if a.max_tokens and tokens > a.max_tokens:
+        what = f" is {a.scale}," if a.scale else " is"
+        use = f"use data={a.larger}, or " if a.larger else ""
+        raise ConfigError(f"data={name}{what} for train.tokens <= {a.max_tokens:,} (data.max_tokens), but "
+                          f"train={train_name} asks for {tokens:,}; {use}lower train.tokens")
 
 
 def build_data(cfg, tokenizer, seq_len: int, n_tokens: int) -> np.ndarray:

@@ -11,13 +11,13 @@ README = (ROOT / "README.md").read_text()
 
 
 def _table_names(section: str) -> set[str]:
-    """Every backticked short name in the first column(s) of the README table under ``## <section>``."""
+    """Every backticked short name in the cells of the README table under ``## <section>``."""
     body = README.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     names: set[str] = set()
     for line in body.splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             cells = line.split("|")
-            for cell in cells[1:3]:
+            for cell in cells[1:-1]:
                 names |= {m for m in re.findall(r"`([a-z0-9_]+)`", cell)}
     return names
 

@@ -10,10 +10,10 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run lint test test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke plan tables findings export study status tiny-model clean
+.PHONY: help setup run lint test test-unit test-integration test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke plan submit tables findings export study status tiny-model clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## create .venv and install the project (torch: the +cpu wheel where pip finds one, README)
 
@@ -32,8 +32,14 @@ run: setup ## the embedded default: frozen base, then YaRN fine-tuned at 8C; two
 lint: setup ## ruff (rules in pyproject.toml); `.venv/bin/ruff check --fix .` repairs the safe ones
 	$(PY) -m ruff check .
 
-test: setup lint ## lint, then the default test tier (fast; includes the e2e smoke and the 2-rank ZeRO-3 test)
+test: setup lint ## lint, then what CI runs: the unit and integration tiers (not slow; tests/conftest.py)
 	$(PY) -m pytest -q
+
+test-unit: setup ## the unit tier alone: no process started, no model trained
+	$(PY) -m pytest -q -m unit
+
+test-integration: setup ## the integration tier alone: run.py end to end, ranks, robustness, scripts, training
+	$(PY) -m pytest -q -m integration
 
 test-slow: setup ## the slow tier (SmolLM2, longer runs)
 	$(PY) -m pytest -q -m slow
@@ -53,8 +59,11 @@ gpu-check: setup ## the first hour on a GPU, one command (<= 15 min on one GPU):
 gpu-check-smoke: setup ## the same code on CPU at tiny sizes (tiny_llama, a temp folder; part of the default test tier)
 	$(PY) scripts/gpu_check.py --smoke $(ARGS)
 
-plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours): EXP=paper_llama2
+plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours, checkpoint space): EXP=paper_llama2
 	$(PY) scripts/plan.py experiment=$(or $(EXP),paper_llama2) hydra/launcher=slurm_a100
+
+submit: setup ## submit a sweep to Slurm and exit (job ids -> results/jobs/; `make status` follows them): EXP=paper_llama2 ARGS=...
+	$(PY) scripts/submit.py experiment=$(or $(EXP),paper_llama2) $(ARGS)
 
 tables: setup ## regenerate the paper's tables and figures from results/runs/
 	$(PY) scripts/make_tables.py

@@ -15,6 +15,12 @@ EVAL_FRAGMENTS = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
     "Remember it. ",
     "What is the pass key? The pass key is",
+    # the convergence gate's passkey variant: PASSKEY_GATE_TASK, PASSKEY_GATE_GARBAGE and its key name (in
+    # PASSKEY_GATE_INFO and PASSKEY_GATE_QUESTION; no synthetic key name, in no training text)
+    "A number is kept somewhere inside the long text below, among many lines that do not matter. Find it and keep "
+    "it in mind; you will be asked for it at the end.",
+    "The snow is white. The sea is deep. The moon is pale. Off we go. Over the hills and home again.",
+    "locker number",
     # NIAH: the needle, the question and the LCEG prompt
     "best thing to do in San Francisco",
     "Dolores Park",

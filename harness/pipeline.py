@@ -176,7 +176,8 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     if train is not None and train.enabled and train.convergence_check:
         from harness.evals import convergence
 
-        handle.info["baseline_at_C"] = convergence.measure(handle, seed=int(cfg.seed),
+        # the gate's own held-out prompts and books, derived from the run seed (never the suite's)
+        handle.info["baseline_at_C"] = convergence.measure(handle, run_seed=int(cfg.seed),
                                                            autocast=str(cfg.get("autocast", "auto")))
     if before_extend is not None:
         before_extend(handle)
@@ -205,7 +206,8 @@ def finetune(cfg, handle, method, a: TrainArgs, row: dict, progress=None) -> dic
     if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
         from harness.evals import convergence
 
-        tuned = convergence.measure(handle, method, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
+        tuned = convergence.measure(handle, method, run_seed=int(cfg.seed),
+                                    autocast=str(cfg.get("autocast", "auto")))
         info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
     out = Path(row["run_dir"]) / "checkpoint"
     handle.model.save_pretrained(out)

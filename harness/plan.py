@@ -33,6 +33,14 @@ Wall-clock of a point: training spreads over its ``train.world_size`` ranks, eva
 node for train/W + its evaluation's wall hours. MFU comes from ``results/bench_gpu.json`` (the measured training
 step of a random model with the same layer shapes, at the nearest length) when that file exists from a GPU run,
 else from ``ASSUMED_MFU``, an assumption labelled as such in every output.
+
+Checkpoint space of a training point (``checkpoint_space``; GB = 1e9 bytes), under ``paths.ckpt_dir``:
+- one ZeRO-3 save = 2P (bf16 weights) + 12P_t (fp32 master + Adam m, v) + 4P_t (the fp32 EMA partitions, when
+  ``train.ema``);
+- at the peak, while a save is written, the ``KEEP_LAST`` published saves plus that temporary copy
+  (``harness.train.checkpoint``), plus the final exported weights 2P (bf16, in the run directory);
+- left after the run: the final weights, plus ``KEEP_LAST`` saves when ``train.keep_checkpoints`` (else removed).
+The sweep's figure is the sum of its points' peaks (the job array runs them at once, up to ``array_parallelism``).
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import memory
+from harness.train.checkpoint import KEEP_LAST
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -176,6 +185,21 @@ def memory_per_rank(s: Shape, p_t: int, world: int, b: int, T: int, ckpt: bool, 
     gib = {k: round(v / GIB, 2) for k, v in out.items()}
     gib["total"] = round(sum(out.values()) / GIB, 2)
     return gib
+
+
+def checkpoint_space(s: Shape, p_t: int, steps: int, save_every: int, ema: bool, keep: bool) -> dict:
+    """Disk of one training point's checkpoints and final weights (module docstring, "Checkpoint space")."""
+    per_param = {"weights_bf16": 2 * s.params, "master_and_adam_fp32": 12 * p_t, "ema_fp32": 4 * p_t if ema else 0}
+    save = sum(per_param.values())
+    n = steps // save_every if save_every > 0 else 0  # saves the run writes
+    at_peak = min(n - 1, KEEP_LAST) + 1 if n else 0  # the published ones plus the one being written
+    kept = min(n, KEEP_LAST) if keep else 0
+    final = 2 * s.params
+    return {"formula": "save = 2 P (bf16 weights) + 12 P_t (fp32 master + Adam m, v)" + (" + 4 P_t (fp32 EMA)"
+                                                                                         if ema else ""),
+            "save_gb": round(save / 1e9, 1), "parts_gb": {k: round(v / 1e9, 1) for k, v in per_param.items()},
+            "saves": n, "saves_at_peak": at_peak, "kept_after": kept, "final_gb": round(final / 1e9, 1),
+            "peak_gb": round((at_peak * save + final) / 1e9, 1), "after_gb": round((kept * save + final) / 1e9, 1)}
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
@@ -386,7 +410,8 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
                         "zero_stage": t.zero_stage, "grad_checkpointing": t.grad_checkpointing,
                         "flops_per_token": f, "gpu_hours": round(gpu_h, 1),
                         "wall_hours": round(gpu_h / max(1, t.world_size), 1),
-                        "memory_gib_per_rank": mem, "fits": mem["total"] <= GPU_MEMORY_GIB[args.gpu]}
+                        "memory_gib_per_rank": mem, "fits": mem["total"] <= GPU_MEMORY_GIB[args.gpu],
+                        "checkpoints": checkpoint_space(s, p_t, steps, t.save_every, t.ema, t.keep_checkpoints)}
     else:
         row["train"] = None
     node = args.node_gpus or DEFAULT_NODE_GPUS
@@ -435,7 +460,11 @@ def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
            "eval_wall_hours": round(sum(r["eval_wall_hours"] for r in rows), 1),
            "gpu_hours": round(train_h + eval_h, 1), "gpus_per_job": gpus, "wall_hours": round(wall, 1),
            "node_hours_held": round(wall, 1), "gpu_hours_held": round(wall * gpus, 1),
-           "days_on_one_node": round(wall / 24, 1), "model_parallel": model_parallel(rows), "paper": PAPER_BUDGET}
+           "days_on_one_node": round(wall / 24, 1), "model_parallel": model_parallel(rows), "paper": PAPER_BUDGET,
+           "checkpoint_peak_gb": round(sum(((r["train"] or {}).get("checkpoints") or {}).get("peak_gb", 0)
+                                           for r in rows), 1),
+           "checkpoint_after_gb": round(sum(((r["train"] or {}).get("checkpoints") or {}).get("after_gb", 0)
+                                            for r in rows), 1)}
     if launcher:
         per_attempt = int(launcher.get("timeout_min") or 0) / 60
         attempts = 1 + int(launcher.get("max_num_timeout") or 0)

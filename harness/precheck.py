@@ -16,18 +16,26 @@ def precheck_or_exit(argv: list[str]) -> None:
     job of the sweep (``harness.sweeps.expand``, the basic sweeper's job list), so one bad job stops the sweep before
     anything is launched. Nothing is checked for help / ``--cfg`` / other ``--`` flags, or with
     ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides (launcher,
-    sweep dirs) are left to Hydra and do not affect the jobs' configs."""
+    sweep dirs) are left to Hydra and do not affect the jobs' configs. Two exceptions: a sweep with the Slurm
+    launcher is submitted by ``harness.submit`` and ``run.py`` exits at once (``_submit_to_slurm``); a single run
+    inside a Slurm step of several nodes is refused (``harness.submit.one_node_step``)."""
     import sys
 
     multirun = any(a in ("-m", "--multirun") for a in argv)
-    if any(a in HELP_FLAGS or a.startswith("--cfg") or a.startswith("hydra.searchpath")
-           or (a.startswith("-") and a not in ("-m", "--multirun")) for a in argv):
+    flags = any(a in HELP_FLAGS or a.startswith("--cfg") or (a.startswith("-") and a not in ("-m", "--multirun"))
+                for a in argv)
+    if multirun and not flags and _submit_to_slurm(argv):
+        return
+    if flags or any(a.startswith("hydra.searchpath") for a in argv):
         return
     overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
     try:
         if multirun:
             _precheck_sweep(overrides)
         else:
+            from harness.submit import one_node_step
+
+            one_node_step()  # inside a Slurm job: one node per run
             resolve_model(compose(overrides))
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         from harness.pipeline import fail_before_compose
@@ -36,6 +44,37 @@ def precheck_or_exit(argv: list[str]) -> None:
         fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
         print(line, file=sys.stderr)
         sys.exit(2)
+
+
+def _submit_to_slurm(argv: list[str]) -> bool:
+    """A sweep whose launcher is hydra-submitit's Slurm launcher goes to ``harness.submit`` instead, which submits
+    every point and exits (the plugin waits for every job: days on the login node). Exits 0 after submitting, 2 with
+    one line (and a failed row) when a point or the launch is refused; False for any other launcher."""
+    import sys
+
+    from harness import sweeps
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        launcher = compose(sweeps._first_values(overrides), with_hydra=True).hydra.launcher
+        slurm = str(launcher.get("_target_") or "").endswith("submitit_launcher.SlurmLauncher")
+    except Exception:  # noqa: BLE001 - the checks below report a command line that does not compose
+        return False
+    if not slurm:
+        return False
+    from harness import submit
+
+    try:
+        submit.submit(overrides, cluster="slurm")
+    except Exception as e:  # noqa: BLE001 - every refusal: one line + a failed row
+        from harness.pipeline import fail_before_compose
+
+        plain = [o for o in overrides if not o.startswith("hydra")]
+        line = explain(e, plain)
+        fail_before_compose(_results_dir_of(plain), line, names=_names_of(plain))
+        print(line, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0)
 
 
 def resolve_model(cfg) -> None:

@@ -7,7 +7,8 @@ Row schema (the ``Row`` TypedDict, a comment per key; ``ROW_FIELDS``; version ``
 - ``time_start`` / ``time_end`` (ISO, UTC), ``timings`` (seconds per phase and per evaluator).
 - ``model``, ``method``, ``data``, ``train``, ``eval``: the option chosen in each config group (stable short names).
 - ``method_params``: the method's parameters; ``train_info``: what fine-tuning actually did (tokens seen,
-  effective global batch, schedule, EMA) or ``null`` for frozen runs.
+  effective global batch, schedule, EMA with the base model's share of the evaluated weights) or ``null`` for
+  frozen runs.
 - ``metrics``: ``{suite entry: evaluator output}``, e.g. ``metrics.passkey.accuracy["1024"]``; ``eval_versions``:
   ``{suite entry: the evaluator's version}`` (its class attribute ``version``, 1 unless a change of its numbers
   bumped it), so rows measured by different versions of an evaluator can be told apart.
@@ -90,7 +91,7 @@ def new_run_id() -> str:
 # keys that say where and how a run executes, or what a config group is for, not what the run measures (dotted:
 # a key of a group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when
 # they change or when a newer harness adds them
-NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger")
+NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger", "paths.eval_root")
 
 
 def config_hash(cfg: dict) -> str:

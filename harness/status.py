@@ -1,10 +1,17 @@
 """``python -m harness.status [results_dir] [--all]`` (``make status``): every row with its state, where a
 ``running`` row whose process died or whose heartbeat stopped shows as ``stale`` (``harness.results.liveness``).
-Without ``--all``: unfinished and failed rows only."""
+Without ``--all``: unfinished and failed rows only.
+
+Then the submitted sweeps (``<results_dir>/jobs/*.json``, written by ``harness.submit``): each point's job id, the
+job's state (Slurm: one ``sacct`` call, or "slurm not available" where there is none; submitit's local executor:
+the job's process, then its result file) beside the state of the row its run directory wrote. Without ``--all``:
+sweeps with a point whose row is missing or not ok."""
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +29,65 @@ def _fmt_age(iso) -> str:
     if a is None:
         return "-"
     return f"{a:.0f}s" if a < 120 else (f"{a / 60:.0f}m" if a < 7200 else f"{a / 3600:.1f}h")
+
+
+def slurm_states(job_ids: list[str], sacct: str | None = None) -> dict[str, str] | None:
+    """{array task id: Slurm state} from one ``sacct`` call; None where Slurm is not available here."""
+    sacct = sacct or shutil.which("sacct")
+    if not sacct or not job_ids:
+        return None
+    jobs = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        out = subprocess.run([sacct, "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(jobs)],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    states = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 2 and parts[0] and parts[1]:
+            states[parts[0]] = parts[1].split()[0]  # "CANCELLED by 123" -> CANCELLED
+    return states
+
+
+def local_state(submitit_folder: str, job_id: str) -> str:
+    """A local-executor job: RUNNING while its process lives, else FINISHED when submitit wrote its result."""
+    from submitit.core.utils import JobPaths
+
+    from harness.results import pid_alive
+
+    paths = JobPaths(submitit_folder.replace("%j", job_id), job_id=job_id, task_id=0)
+    if paths.result_pickle.exists():
+        return "FINISHED"
+    return "RUNNING" if job_id.isdigit() and pid_alive(int(job_id)) else "ENDED (no result)"
+
+
+def show_jobs(results_dir: str, rows: list[tuple[dict, str]], show_all: bool) -> None:
+    """The submitted sweeps' jobs beside their rows (module docstring)."""
+    from harness.submit import read_submissions
+
+    by_dir = {str(r.get("run_dir")): s for r, s in rows}
+    for rec in read_submissions(results_dir):
+        points = rec["points"]
+        row_of = [by_dir.get(p.get("run_dir"), "no row") for p in points]
+        if not show_all and all(s == "ok" for s in row_of):
+            continue
+        ids = [str(p.get("job_id")) for p in points]
+        note = ""
+        if rec.get("cluster") == "local":
+            states = [local_state(rec["submitit_folder"], j) for j in ids]
+        else:
+            found = slurm_states(ids)
+            note = "" if found is not None else "; slurm not available (no sacct here): job states unknown"
+            states = [(found or {}).get(j, "?") for j in ids]
+        print(f"jobs of {rec['sweep']} ({rec.get('cluster')}, submitted {_fmt_age(rec.get('submitted'))} ago, "
+              f"{len(points)} points{note})")
+        print(f"  {'job':14s} {'job state':18s} {'row':9s} {'point':24s} run_dir")
+        for p, j, js, rs in zip(points, ids, states, row_of):
+            point = str(p.get("row") or " ".join(p.get("overrides") or []))
+            print(f"  {j:14s} {js[:18]:18s} {rs:9s} {point[:24]:24s} {p.get('run_dir')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         who = f"{r.get('host') or '?'}:{r.get('pid') or '?'}"
         beat = _fmt_age(r.get("heartbeat")) if s in ("running", "stale") else "-"
         print(f"{str(r.get('run_id')):24s} {s:8s} {what[:34]:34s} {who[:24]:24s} {beat:>9s}  {r.get('error') or ''}")
+    show_jobs(a.results_dir, rows, a.all)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`make findings`: results/findings.md from results/runs/*.json (the paper's twelve findings, coded verdicts).
+"""`make findings`: results/findings.md from results/runs/*.json (the paper's thirteen findings, coded verdicts).
 
     python scripts/make_findings.py [--results results] [--out results/findings.md] [--model tiny_llama]
     python scripts/make_findings.py --runs results/archive/<study> --out results/archive/<study>/findings.md
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default=None, help="read the rows (*.json) from this directory instead of <results>/runs")
     a = ap.parse_args(argv)
     t0 = time.time()
-    from harness.tables.findings import write
+    from harness.tables.findings import VERDICTS, write
 
     try:
         p = write(a.results, a.out, a.model, a.runs)
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     text = p.read_text()
     verdicts = [line.rsplit("| **", 1)[-1].split("**")[0] for line in text.splitlines()
                 if line.startswith("| (") and "| **" in line]  # the findings table (not the per-seed one)
-    print(f"{p}: {len(verdicts)} findings ({', '.join(f'{v} {verdicts.count(v)}' for v in dict.fromkeys(verdicts))})"
+    print(f"{p}: {len(verdicts)} findings ({', '.join(f'{v} {verdicts.count(v)}' for v in VERDICTS if v in verdicts)})"
           f" in {time.time() - t0:.1f}s")
     return 0
 

@@ -28,15 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def build(overrides: list[str], args: plan.PlanArgs) -> dict:
     jobs = sweeps.expand(overrides)
-    rows, launcher = [], None
+    rows, launcher, ckpt_dir = [], None, None
     for job in jobs:
         cfg = sweeps.compose(job, with_hydra=True)
         if launcher is None and any(o.startswith("hydra/launcher=") for o in overrides):
             launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+            ckpt_dir = cluster_ckpt_dir(cfg)
         if not args.node_gpus:
             args = dataclasses.replace(args, node_gpus=plan.node_gpus(launcher))
         rows.append({"overrides": [o for o in job if not o.startswith("hydra")], **plan.point_plan(cfg, args)})
     return {"command": "python scripts/plan.py " + " ".join(overrides), "gpu": args.gpu, "points": rows,
+            "ckpt_dir": ckpt_dir or str(sweeps.compose(jobs[0]).paths.ckpt_dir),
             "summary": plan.sweep_summary(rows, launcher),
             "assumptions": {"ASSUMED_MFU": plan.ASSUMED_MFU, "ASSUMED_DOC_TOKENS": plan.ASSUMED_DOC_TOKENS,
                             "ASSUMED_DECODE_EFFICIENCY": plan.ASSUMED_DECODE_EFFICIENCY,
@@ -44,6 +46,42 @@ def build(overrides: list[str], args: plan.PlanArgs) -> dict:
                             "ASSUMED_LONGBENCH_SAMPLES": plan.ASSUMED_LONGBENCH_SAMPLES,
                             "ASSUMED_TREC_ITEMS": plan.ASSUMED_TREC_ITEMS,
                             "ASSUMED_TOKENS_PER_SHOT": plan.ASSUMED_TOKENS_PER_SHOT}}
+
+
+def cluster_ckpt_dir(cfg) -> str:
+    """Where a submitted job's checkpoints go (``harness.submit.job_ckpt_dir``), or the line that refuses it."""
+    from harness.config import ConfigError
+    from harness.submit import job_ckpt_dir
+
+    setup = OmegaConf.to_container(cfg.hydra.launcher, resolve=True).get("setup") or []
+    try:
+        return str(job_ckpt_dir(cfg, list(setup)))
+    except ConfigError as e:
+        return f"REFUSED at submission: {e}"
+
+
+def show_checkpoints(con, p: dict) -> None:
+    """Per training point: one save, the saves held at the peak, the final weights, peak and after the run."""
+    from rich.table import Table
+
+    trained = [r for r in p["points"] if r["train"]]
+    if not trained:
+        return
+    first = trained[0]["train"]["checkpoints"]
+    t = Table(title="checkpoint space per training point (GB = 1e9 bytes; paths.ckpt_dir + the run directory)")
+    for col in ("point", "save GB", "saves", "at peak", "final GB", "peak GB", "after run GB"):
+        t.add_column(col, justify="left" if col == "point" else "right")
+    for r in trained:
+        c = r["train"]["checkpoints"]
+        t.add_row(r["row"], f"{c['save_gb']:.1f}", str(c["saves"]), str(c["saves_at_peak"]), f"{c['final_gb']:.1f}",
+                  f"{c['peak_gb']:.1f}", f"{c['after_gb']:.1f}")
+    con.print(t)
+    con.print(f"  {first['formula']}; peak = {plan.KEEP_LAST} kept saves + 1 being written (temporary) + the final "
+              f"bf16 weights 2 P; P = all parameters, P_t = trained ones")
+    s = p["summary"]
+    con.print(f"checkpoints: {p['ckpt_dir']}; the sweep's points at once: {s['checkpoint_peak_gb']:,.0f} GB at the "
+              f"peak, {s['checkpoint_after_gb']:,.0f} GB left after it (train.keep_checkpoints=true keeps "
+              f"{plan.KEEP_LAST} saves per point)")
 
 
 def show(p: dict) -> None:
@@ -78,6 +116,7 @@ def show(p: dict) -> None:
               f"{tp['decode_efficiency']}; evaluation spread over the node's {tp['node_gpus']} GPUs (data-parallel "
               f"replicas of the GPUs one input needs)")
     show_memory(con, p)
+    show_checkpoints(con, p)
     con.print("evaluation of the first point, per evaluator (generated tokens: every prompt's whole budget, an upper "
               "bound):")
     for k, v in first["eval"].items():

@@ -11,8 +11,10 @@ The generated script runs ``python run.py <point overrides> hydra.run.dir=<fixed
 run.py and the ranks torchrun starts over the node's GPUs, would get one CPU). Requeue: ``--requeue`` (preemption)
 and ``--signal=B:USR1@<signal_delay_s>`` + a trap that, near the time limit, sends SIGUSR2 to run.py (its training
 saves a checkpoint and stops), waits for it and calls ``scontrol requeue``; the requeued task runs in the same
-directory, so its row keeps its run_id and training resumes from the newest checkpoint. Multi-node training
-(nodes > 1) is not rendered: see harness/train/deepspeed_engine.py.
+directory, so its row keeps its run_id and training resumes from the newest checkpoint. The rules of a submission
+(``harness.submit``) hold here too: one node per point (``nodes > 1`` or ``train.world_size`` other than the node's
+GPUs is refused), checkpoints under ``$HARNESS_CKPT_DIR`` or ``$SCRATCH`` (the launcher's setup line, rendered as is:
+the script stops at that line when neither is set where it runs).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import sweeps
+from harness import submit, sweeps
+from harness.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,14 +48,13 @@ def render(overrides: list[str], name: str | None = None) -> str:
     lc = OmegaConf.to_container(cfgs[0].hydra.launcher, resolve=False)
     exp = OmegaConf.select(cfgs[0], "study.experiment") or "sweep"
     name = name or exp
-    if int(lc.get("nodes") or 1) != 1:
-        raise SystemExit("render_sbatch: only nodes=1 is rendered (multi-node: see harness/train/deepspeed_engine.py)")
+    try:
+        submit.one_node(lc, cfgs)
+    except ConfigError as e:
+        raise SystemExit(f"render_sbatch: {e}") from None
     gpus = int(lc.get("gpus_per_node") or 0)
     cpus = int(OmegaConf.select(cfgs[0], "hydra.launcher.cpus_per_task") or 1)  # srun >= 22.05 does not inherit it
-    for c in cfgs:
-        t = c.train
-        if t.get("enabled") and t.get("engine") == "deepspeed" and int(t.get("world_size", 1)) != gpus:
-            raise SystemExit(f"render_sbatch: train.world_size={t.world_size} but the job has {gpus} GPUs")
+    setup = OmegaConf.to_container(cfgs[0].hydra.launcher, resolve=True).get("setup") or []
     out_dir = f"{cfgs[0].paths.output_dir}/slurm/{name}"
     sb = [f"--job-name={name}", "--nodes=1", "--ntasks-per-node=1", f"--gpus-per-node={gpus}",
           f"--cpus-per-task={cpus}", f"--mem={lc.get('mem_gb')}G",
@@ -85,7 +87,7 @@ def render(overrides: list[str], name: str | None = None) -> str:
         *[f"  {shlex.quote(' '.join(p))}" for p in points],
         ")",
         'OVERRIDES=${POINTS[$SLURM_ARRAY_TASK_ID]}',
-        *[str(s) for s in (lc.get("setup") or [])],
+        *[str(s) for s in setup],
         "# one directory per array task, the same after a requeue: the row keeps its run_id, training resumes from",
         "# its newest checkpoint (keyed by config fingerprint under paths.ckpt_dir)",
         f'RUN_DIR={out_dir}/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}',

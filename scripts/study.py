@@ -14,7 +14,10 @@ under both orders, simulated from those seconds: an estimate from recorded runs,
 
 The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
 ``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
-the recipe, the suite, the seed. Failed or stale rows never count as done. Each point runs in its own process
+the recipe, the suite, the seed. Failed or stale rows never count as done, nor does a fine-tuned row whose
+convergence gate is older than ``harness.evals.convergence.GATE_VERSION`` (the gate is no part of the config, so
+its hash stays the same when only the gate changes): `make study` re-runs exactly those points; the older rows stay
+in ``results/runs`` until moved to ``results/archive/`` (its README). Each point runs in its own process
 (``python run.py <overrides>``); a failed point is reported and the sweep goes on. Progress, the elapsed time and an
 estimate of the time left are printed after every point, the total wall time at the end.
 """
@@ -45,10 +48,12 @@ def hms(s: float) -> str:
 
 
 def plan(argv: list[str]) -> tuple[list[dict], str]:
-    """[{overrides, hash, done (run id or None), label}] for every job of ``run.py -m <argv>``, and the results dir."""
+    """[{overrides, hash, done (run id or None), old_gate (the run id of an ok row measured by an older convergence
+    gate, or None), label}] for every job of ``run.py -m <argv>``, and the results dir."""
     from omegaconf import OmegaConf
 
     from harness import conf_utils, sweeps
+    from harness.evals.convergence import outdated
     from harness.results import config_hash, read_rows
 
     jobs = sweeps.expand(argv)
@@ -60,14 +65,15 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
         h = config_hash(OmegaConf.to_container(cfg, resolve=True))
         label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)
         out.append({"overrides": ov, "hash": h, "label": label, "done": None})
-    done = {}
+    done, old_gate = {}, {}
     rows = list(read_rows(results_dir or "results"))
     for r in rows:
         if r.get("status") == "ok" and r.get("config_hash"):
-            done.setdefault(r["config_hash"], r.get("run_id"))
+            (old_gate if outdated(r) else done).setdefault(r["config_hash"], r.get("run_id"))
     seconds = seconds_by_point(rows)
     for j in out:
         j["done"] = done.get(j["hash"])
+        j["old_gate"] = None if j["done"] else old_gate.get(j["hash"])  # a row whose gate is older: runs again
         j["expected_s"] = seconds.get(point_of(j["overrides"]) or "")
     return out, results_dir or "results"
 
@@ -165,7 +171,9 @@ def main(argv=None) -> int:
           f"config hash in {results_dir}/runs), {len(todo)} to run", flush=True)
     for i, j in enumerate(jobs, 1):
         exp = f"  ~{hms(j['expected_s'])}" if j["expected_s"] is not None else "  ~?"
-        print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {'done: ' + j['done'] if j['done'] else 'to run'}"
+        state = ("done: " + j["done"] if j["done"] else
+                 f"to run (row {j['old_gate']}: older convergence gate)" if j["old_gate"] else "to run")
+        print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {state}"
               f"  (config {j['hash']}){exp}", flush=True)
     jobs_n = max(1, a.jobs)
     print_estimate(jobs, todo, jobs_n)

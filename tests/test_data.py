@@ -139,6 +139,36 @@ def test_local_mix_builds_exact_chunks_and_reuses_cache(tokenizer, tmp_path, mon
     assert np.array_equal(np.asarray(arr), np.asarray(again))
 
 
+def test_one_build_per_cache_key_under_the_lock(tokenizer, tmp_path, capsys):
+    """Two builders of one key at once (the array tasks of a sweep, or a run started while scripts/build_data.py
+    builds; threads here, each with its own file lock): the build runs once, and the one that waited on the lock
+    loads the finished file."""
+    import threading
+    import time
+
+    from harness.data import DataArgs, cached_chunks
+
+    calls, out, start = [], [None, None], threading.Barrier(2)
+
+    def build():
+        calls.append(threading.get_ident())
+        time.sleep(0.5)  # both are past the "is it cached?" check before the file exists
+        return np.arange(64, dtype=np.uint16).reshape(4, 16)
+
+    def worker(i):
+        start.wait()
+        out[i] = cached_chunks(DataArgs(name="lock", cache_dir=str(tmp_path)), tokenizer, 16, 64, build)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert all(isinstance(a, np.memmap) and np.array_equal(a, np.arange(64).reshape(4, 16)) for a in out)
+    assert "another process is building it; waiting for its lock" in capsys.readouterr().err
+
+
 def test_local_mix_synthetic_kinds(tokenizer):
     """The fine-tuning mix's synthetic documents follow ``synthetic_kinds`` (default: tiny_llama's last
     pretraining stage, mostly ``cued``); an unknown kind is a config error."""
@@ -189,6 +219,7 @@ def test_slimpajama_upsampled_streams_local_shards(tokenizer, tmp_path):
         build_data({**cfg, "seed": 1}, tokenizer, 128, 128 * 4000)
 
 
+@pytest.mark.integration
 def test_prepare_cluster_data_dry_run(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_cluster_data.py"), "--root", str(tmp_path),
                           "--dry-run"], capture_output=True, text=True, timeout=60)

@@ -3,13 +3,14 @@
 Three synthetic studies (tiny_llama-like, C = 256, lengths C..16C, 50 passkey prompts per length, 8 documents per
 PPL cell, per-document NLL by position): one where every claim of the paper holds by a wide margin ("paper"), one
 where every claim is reversed ("opposite") and one where every quantity sits exactly on its margin ("null"). The
-rule must call them reproduced / not reproduced / inconclusive, finding by finding; a missing row must give
+rule must call them reproduced / contradicted / inconclusive, finding by finding; a missing row must give
 "inconclusive (no rows: ...)", never a verdict.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,13 +37,20 @@ def noise(method: str) -> np.ndarray:
     return e - e.mean()
 
 
+def outcomes(acc: float, who: str, L: int) -> list[int]:
+    """N passkey outcomes with accuracy ``acc`` (an exact count), the prompts a configuration gets right chosen by
+    its name: two configurations share their per-prompt outcomes only where they are the same configuration."""
+    k = int(round(acc * N))
+    return [int(v) for v in np.random.default_rng(sum(map(ord, who)) * 100003 + L).permutation([1] * k + [0] * (N - k))]
+
+
 def row(method: str, acc, nll, *, frozen: bool, train_len: int | None = None, nllpos=(4.0, 4.5), key=None,
         study_row: str | None = None, attention_exact=True) -> dict:
-    """A results row: passkey accuracy per length factor (exact counts of N, the first k prompts correct: paired),
-    mean NLL per length factor (8 documents), NLL by position (mean over positions <= C, > C)."""
+    """A results row: passkey accuracy per length factor (exact counts of N, the same prompts for every method:
+    paired), mean NLL per length factor (8 documents), NLL by position (mean over positions <= C, > C)."""
     lengths = [int(f * C) for f in FACTORS]
     e = noise(key or method)
-    correct = {str(L): [1] * int(round(a * N)) + [0] * (N - int(round(a * N))) for L, a in zip(lengths, acc)}
+    correct = {str(L): outcomes(a, key or method, L) for L, a in zip(lengths, acc)}
     per_sample = {str(L): list(m + DOC + noise(f"{key or method}{L}")) for L, m in zip(lengths, nll)}
     ppl = {L: math.exp(float(np.mean(v))) for L, v in per_sample.items()}
     pos = list(range(1, 16 * C, 128))
@@ -80,47 +88,50 @@ def world(kind: str) -> list[dict]:
         spec = {  # method: (frozen, train_len, passkey by factor, NLL by factor, NLL by position (<=C, >C))
             "base": (True, None, [1, 0, 0, 0, 0], [4.0, 4.5, 5.0, 5.2, 5.5], (3.9, 5.0)),
             "ntk_frozen": (True, None, [1, 1, 0, 0, 0], [4.0, 4.1, 4.6, 4.8, 5.0], (3.9, 4.6)),
-            "self_extend": (True, None, [1, 1, 1, 1, 1], [4.0] * 5, (3.9, 4.0)),
+            "self_extend": (True, None, [1, .5, .5, .5, .5], [4.0] * 5, (3.9, 4.0)),
             "lm_infinite": (True, None, [1, .1, .1, .1, .1], [4.0] * 5, (3.9, 4.0)),
             "pi": (False, T, [1, 1, 1, 1, 0], [4.02, 3.9, 3.85, 3.8, 4.5], (4.0, 3.9)),
             "yarn": (False, T, [1, 1, 1, 1, 0], [4.02, 3.9, 3.85, 3.8, 4.5], (4.0, 3.8)),
             "clex": (False, T, [1, 1, 1, .5, .2], [4.03, 3.9, 3.85, 3.82, 3.9], (4.0, 3.9)),
             "ntk_32k": (False, T, [1, 1, 1, 1, 1], [4.01, 3.88, 3.83, 3.78, 3.8], (4.0, 3.7)),
-            "ntk_64k": (False, S, [1, .4, .4, .4, .4], [4.05, 4.0, 4.0, 4.1, 4.1], (4.0, 4.0)),
+            "ntk_64k": (False, S, [1, .7, .7, .7, .7], [4.05, 4.0, 4.0, 4.1, 4.1], (4.0, 4.0)),
             "ntk_64k_2b": (False, S, [1, 1, 1, 1, 1], [4.01, 3.88, 3.83, 3.79, 3.8], (4.0, 3.7)),
             "longlora": (False, T, [.2, .2, .2, .2, 0], [4.5, 4.4, 4.4, 4.4, 4.6], (4.4, 4.4)),
             "landmark": (False, 2 * C, [1, .2, .2, 0, 0], [4.1, 4.0, 4.0, 4.0, 4.0], (4.0, 4.0)),
+            # the same-data control: the base fine-tuned inside C (lower NLL inside C than the frozen base)
+            "base_ft": (False, C, [1, 0, 0, 0, 0], [4.0, 4.5, 5.0, 5.2, 5.5], (3.9, 5.0)),
         }
     elif kind == "opposite":
         spec = {
             "base": (True, None, [1, 1, 1, 1, 1], [4.0, 4.5, 5.0, 5.0, 5.5], (4.2, 3.5)),
             "ntk_frozen": (True, None, [1, 0, 1, 1, 1], [4.0, 4.1, 4.4, 4.5, 4.6], (4.2, 3.5)),
-            "self_extend": (True, None, [.5] * 5, [4.0] * 5, (4.2, 3.5)),
-            "lm_infinite": (True, None, [0, 1, 1, 1, 1], [4.0, 4.3, 4.5, 4.0 + L2, 4.8], (4.2, 3.5)),
-            "pi": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.8, 4.8, 4.9, 4.5], (3.9, 4.0)),
-            "yarn": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.7, 4.7, 4.8, 4.5], (3.9, 4.0)),
-            "clex": (False, T, [.9] * 5, [4.0 + math.log(1.5), 4.6, 4.6, 4.7, 4.6], (3.9, 4.0)),
+            "self_extend": (True, None, [.6] * 5, [4.0] * 5, (4.2, 3.5)),
+            "lm_infinite": (True, None, [0, 1, 1, 1, 1], [3.0, 3.3, 3.5, 3.0 + L2, 3.8], (4.2, 3.5)),
+            "pi": (False, T, [.5] * 5, [4.0 + math.log(1.5), 4.45, 4.45, 4.45, 4.3], (3.9, 4.0)),
+            "yarn": (False, T, [.45] * 5, [4.0 + math.log(1.5), 4.4, 4.4, 4.4, 4.3], (3.9, 4.0)),
+            "clex": (False, T, [.4] * 5, [4.0 + math.log(1.5), 4.35, 4.35, 4.35, 4.3], (3.9, 4.0)),
             "ntk_32k": (False, T, [.2] * 5, [4.0 + math.log(1.5), 4.0, 4.0, 4.1, 4.1], (3.9, 4.0)),
             "ntk_64k": (False, S, [.4] * 5, [4.5, 4.3, 4.3, 4.3, 4.3], (3.9, 4.0)),
             "ntk_64k_2b": (False, S, [0] * 5, [4.5, 3.9, 3.9, 3.9, 3.9], (3.9, 4.0)),
             "longlora": (False, T, [1] * 5, [3.5, 3.2, 3.1, 3.0, 3.0], (3.9, 4.0)),
             "landmark": (False, 2 * C, [0, 1, 1, 1, 1], [4.1, 4.0, 4.0, 4.0, 4.0], (3.9, 4.0)),
+            "base_ft": (False, C, [1] * 5, [4.0, 4.5, 5.0, 5.0, 5.5], (4.2, 3.5)),
         }
     else:  # null
         flat = [4.0, 4.0, 4.0, 4.0, 4.0]
         spec = {m: (fz, tl, [.5] * 5, list(flat), (4.0, 4.0)) for m, fz, tl in (
             ("base", True, None), ("ntk_frozen", True, None), ("self_extend", True, None), ("pi", False, T),
             ("yarn", False, T), ("clex", False, T), ("ntk_32k", False, T), ("ntk_64k", False, S),
-            ("ntk_64k_2b", False, S), ("longlora", False, T), ("landmark", False, 2 * C))}
+            ("ntk_64k_2b", False, S), ("longlora", False, T), ("landmark", False, 2 * C), ("base_ft", False, C))}
         spec["lm_infinite"] = (True, None, [.5] * 5, [4.0, 4.0, 4.0, 4.0 + math.log(1.25), 4.0], (4.0, 4.0))
         for m in ("pi", "yarn", "clex", "ntk_32k"):   # (k): PPL at C exactly 1.10 x the base's
             spec[m][3][0] = 4.0 + math.log(1.10)
-        for v in spec.values():  # (m): fine-tuned PPL at 8C (and 16C, for (c) and (h)) equal to LM-Infinite's
-            if not v[0]:
+        for m, v in spec.items():  # (m): fine-tuned PPL at 8C (and 16C, for (c) and (h)) equal to LM-Infinite's
+            if not v[0] and m != "base_ft":
                 v[3][3] = v[3][4] = 4.0 + math.log(1.25)
     rows = []
     for m, (fz, tl, acc, nll, pos) in spec.items():
-        method = {"ntk_64k_2b": "ntk_64k"}.get(m, m)
+        method = {"ntk_64k_2b": "ntk_64k", "base_ft": "base"}.get(m, m)
         rows.append(row(method, acc, nll, frozen=fz, train_len=tl, nllpos=pos, key=m,
                         study_row="NTK-64K-2B" if m == "ntk_64k_2b" else None))
     return rows
@@ -135,7 +146,7 @@ def verdicts(rows) -> dict:
 KEYS = "abcdefghijklm"
 
 
-@pytest.mark.parametrize("kind,expected", [("paper", fd.REPRODUCED), ("opposite", fd.NOT_REPRODUCED),
+@pytest.mark.parametrize("kind,expected", [("paper", fd.REPRODUCED), ("opposite", fd.CONTRADICTED),
                                            ("null", fd.INCONCLUSIVE)])
 def test_every_finding_gets_each_verdict(kind, expected):
     got = verdicts(world(kind))
@@ -147,11 +158,11 @@ def test_every_finding_gets_each_verdict(kind, expected):
 
 
 def test_missing_rows_are_inconclusive_never_a_verdict():
-    rows = [r for r in world("paper") if r["run_id"] not in ("ntk_64k_2b-t", "lm_infinite-f", "base-f")]
+    rows = [r for r in world("paper") if r["run_id"] not in ("ntk_64k_2b-t", "lm_infinite-f", "base_ft-t")]
     got = verdicts(rows)
     assert got["j"].result == fd.INCONCLUSIVE and "no rows: ntk_64k_2b" in got["j"].reason
     assert got["f"].result == fd.INCONCLUSIVE and "no rows: lm_infinite" in got["f"].reason
-    assert got["k"].result == fd.INCONCLUSIVE and "no rows" in got["k"].reason and "base" in got["k"].reason
+    assert got["k"].result == fd.INCONCLUSIVE and "no rows: base fine-tuned at C" in got["k"].reason
     # no rows at all: every finding inconclusive
     assert {f.result for f in verdicts([]).values()} == {fd.INCONCLUSIVE}
 
@@ -168,15 +179,21 @@ def test_rows_without_per_sample_scores_give_no_verdict_on_ppl():
 def test_part_rule():
     P = fd.Part
     assert P("x", (0.3, 0.1, 0.5)).verdict() == fd.REPRODUCED
-    assert P("x", (-0.3, -0.5, -0.1)).verdict() == fd.NOT_REPRODUCED
+    assert P("x", (-0.3, -0.5, -0.1)).verdict() == fd.CONTRADICTED
     assert P("x", (0.1, -0.1, 0.3)).verdict() == fd.INCONCLUSIVE
-    assert P("x", (0.3, 0.1, 0.5), direction=-1).verdict() == fd.NOT_REPRODUCED
+    assert P("x", (0.3, 0.1, 0.5), direction=-1).verdict() == fd.CONTRADICTED
     assert P("x", (1.05, 1.01, 1.08), direction=-1, margin=1.10).verdict() == fd.REPRODUCED   # below the margin
     assert P("x", (1.05, 1.01, 1.12), direction=-1, margin=1.10).verdict() == fd.INCONCLUSIVE
     assert P("x", None, why="no rows: pi").verdict() == fd.INCONCLUSIVE
-    assert fd.verdict([P("a", (1, .5, 1.5)), P("b", (-1, -1.5, -.5))])[0] == fd.NOT_REPRODUCED
+    # parts that disagree make a mixed finding, not a contradicted one; contradicted needs no part reproduced
+    assert fd.verdict([P("a", (1, .5, 1.5)), P("b", (-1, -1.5, -.5))])[0] == fd.MIXED
+    assert fd.verdict([P("a", (.1, -.5, 1.5)), P("b", (-1, -1.5, -.5))])[0] == fd.CONTRADICTED
     assert fd.verdict([P("a", (1, .5, 1.5)), P("b", None, why="no rows: x")]) == (fd.INCONCLUSIVE, "no rows: x")
     assert fd.verdict([P("a", (1, .5, 1.5)), P("b", (2, 1, 3))]) == (fd.REPRODUCED, "")
+    # fragile: a second reasonable interval (BCa) on another side of the margin than the one that decides
+    frag = P("x", (1.04, 0.86, 1.26), direction=-1, margin=1.25, alt=(1.04, 0.90, 1.20), decimals=3)
+    assert frag.verdict() == fd.INCONCLUSIVE and frag.fragile and "fragile: BCa [0.900, 1.200]" in frag.text()
+    assert not P("x", (0.3, 0.1, 0.5), alt=(0.3, 0.2, 0.4)).fragile
 
 
 def test_intervals_behind_the_rule():
@@ -217,27 +234,109 @@ def test_make_findings_script(tmp_path):
     assert out.returncode == 0, out.stderr
     md = (res / "findings.md").read_text()
     assert md.count("**reproduced**") == len(fd.FINDINGS) == 13
-    assert "| finding | metric and lengths | ours (95% CI) | paper | verdict |" in md
+    assert "| finding | metric, lengths, references | ours (95% CI) \u2192 part verdict | paper | verdict |" in md
+    assert "Verdicts: 13 reproduced, 0 contradicted, 0 mixed, 0 inconclusive." in md
+    assert "13 findings (reproduced 13)" in out.stdout
     assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md
 
 
-def test_control_row_is_reported_beside_finding_l_but_never_changes_a_verdict():
-    """The base fine-tuned inside C (tiny_study/base_ft) is a control: (l) prints the NLL 1..C difference against it,
-    and no verdict (of (l), or (d)'s set of exact configurations) changes because the row exists."""
+def test_short_context_costs_use_the_same_data_control_and_long_gains_an_in_window_reference():
+    """(k) and (l)'s 1..C part are decided against the base fine-tuned inside C (the same-data control), (l)'s
+    C..8C part against LM-Infinite (window C); the frozen base is printed beside them and never decides. Here the
+    frozen base is made to look bad inside C and good beyond it: nothing changes but the lines beside."""
     rows = world("paper")
     before = verdicts(rows)
-    # the control: fine-tuned inside C, with a lower NLL inside C than the frozen base (domain adaptation)
-    ctrl = row("base", [1, 0, 0, 0, 0], [3.5, 5, 5, 5, 5], frozen=False, train_len=C, nllpos=(3.5, 5.0), key="base_ft")
-    after = verdicts(rows + [ctrl])
+    base = next(r for r in rows if r["run_id"] == "base-f")
+    shifted = row("base", [1, 0, 0, 0, 0], [4.5, 4.5, 5.0, 5.2, 5.5], frozen=True, nllpos=(4.5, 3.0), key="base")
+    after = verdicts([r for r in rows if r is not base] + [shifted])
     assert {k: f.result for k, f in after.items()} == {k: f.result for k, f in before.items()}
-    assert [p.text() for p in after["d"].parts] == [p.text() for p in before["d"].parts]
-    assert not before["l"].controls
-    ctl = after["l"].controls
-    assert len(ctl) == 2 and all(p.ci is not None for p in ctl)
-    # yarn / ntk_32k have NLL 3.9 inside C, the control 3.5: the difference is positive and its interval says so
-    assert all(p.ci[1] > 0 for p in ctl), [p.text() for p in ctl]
-    rep = fd.report(RowSet(rows + [ctrl], load_spec()), "tiny_llama")
-    assert "not in the verdict: " in rep
+    assert [p.what for p in after["l"].parts] == ["YaRN - tiny_llama (FT), NLL 1..C", "YaRN - LM-Infinite, NLL C..8C",
+                                                  "NTK-32K - tiny_llama (FT), NLL 1..C",
+                                                  "NTK-32K - LM-Infinite, NLL C..8C"]
+    assert all(p.verdict() == fd.REPRODUCED for p in after["l"].parts + after["k"].parts)
+    # beside, against the frozen base: the 1..C difference has the other sign, and the report says it decides nothing
+    short = [p for p in after["l"].controls if p.what.endswith("1..C")]
+    assert len(short) == 2 and all(p.ci[2] < 0 for p in short), [p.text() for p in short]
+    assert len(after["k"].controls) == len(fd.FT_32K) and "same-data control" in after["k"].reference
+    assert "LM-Infinite" in after["l"].reference and "in-window" in after["l"].reference
+    # without the control there is no verdict on the short-context parts: the frozen base does not stand in for it
+    no_ctrl = verdicts([r for r in rows if r["run_id"] != "base_ft-t"])
+    assert no_ctrl["k"].result == fd.INCONCLUSIVE and "no rows: base fine-tuned at C" in no_ctrl["k"].reason
+    assert no_ctrl["l"].parts[0].why.startswith("no rows: base fine-tuned at C")
+
+
+def test_a_group_mean_does_not_hide_a_member_going_the_other_way():
+    """(a) with one approximate method retrieving better than one exact one: the group mean still favours exact
+    attention, the member pair is contradicted and the finding is mixed (not reproduced, not contradicted)."""
+    rows = world("paper")
+    se = next(r for r in rows if r["run_id"] == "self_extend-f")
+    better = row("self_extend", [1, .95, .95, .95, .95], [4.0] * 5, frozen=True, nllpos=(3.9, 4.0))
+    got = verdicts([r for r in rows if r is not se] + [better])["a"]
+    parts = {p.what: p for p in got.parts}
+    assert parts["exact FT - approximate, Needle"].verdict() == fd.REPRODUCED
+    assert parts["YaRN - Self-Extend, Needle"].verdict() == fd.CONTRADICTED
+    assert parts["NTK-32K - LM-Infinite, Needle"].verdict() == fd.REPRODUCED
+    assert len(got.parts) == 1 + 5 * 4 and got.result == fd.MIXED and "contradicted: " in got.reason
+
+
+def test_holm_over_all_parts_can_only_weaken_a_verdict():
+    """Holm's correction: a part whose raw interval barely excludes the margin among many tests loses its side; a
+    part far from its margin keeps it; the finding's Holm verdict follows the same rule."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.0, 1.0, 8)
+    _, lo, hi = stats.mean_interval(x)
+    weak = x - x.mean() + 1.05 * (hi - lo) / 2             # the raw interval's lower bound just above 0
+    weak_part = fd.Part("weak", stats.mean_interval(weak), at_level=lambda lv: stats.mean_interval(weak, level=lv))
+    strong = x - x.mean() + 5.0
+    strong_part = fd.Part("strong", stats.mean_interval(strong),
+                          at_level=lambda lv: stats.mean_interval(strong, level=lv))
+    assert weak_part.verdict() == strong_part.verdict() == fd.REPRODUCED
+    f1, f2 = fd.Finding("x", "", "", "", parts=[weak_part]), fd.Finding("y", "", "", "", parts=[strong_part])
+    fillers = [fd.Finding(str(i), "", "", "", parts=[fd.Part(str(i), stats.mean_interval(x),
+                                                             at_level=lambda lv: stats.mean_interval(x, level=lv))])
+               for i in range(8)]
+    fd.correct([f1, f2] + fillers)
+    assert weak_part.holm == fd.INCONCLUSIVE and strong_part.holm == fd.REPRODUCED
+    assert f1.decide().result == fd.REPRODUCED and f1.holm == fd.INCONCLUSIVE and f2.holm == fd.REPRODUCED
+    # on the real report every finding states both
+    rep = fd.report(RowSet(world("paper"), load_spec()), "tiny_llama")
+    assert rep.count("<br>Holm: ") == len(fd.FINDINGS) and "After Holm's correction over all " in rep
+
+
+def test_ntk_frozen_is_compared_length_by_length_and_the_collapse_is_located():
+    """(g): 2C against 4C directly (not 4C..16C pooled), and beside it where NTK-F stops beating the base and where its
+    score drops most: in the paper world NTK-F works at 2C and is gone at 4C."""
+    got = verdicts(world("paper"))["g"]
+    assert [p.what for p in got.parts] == ["NTK-F - tiny_llama at 2C, passkey", "NTK-F at 2C - at 4C, passkey"]
+    assert got.result == fd.REPRODUCED
+    assert "NTK-F beats tiny_llama at every length beyond C up to 2C (the interval excludes 0 at each)" in got.notes
+    assert any(n.startswith("its largest drop: 2C \u2192 4C, 1.00 \u2192 0.00") for n in got.notes), got.notes
+    # NTK-F that keeps working to 4C: the direct 2C - 4C part is no longer reproduced, and the drop moves to 4C -> 8C
+    rows = [r for r in world("paper") if r["run_id"] != "ntk_frozen-f"]
+    rows.append(row("ntk_frozen", [1, 1, 1, 0, 0], [4.0, 4.1, 4.6, 4.8, 5.0], frozen=True, nllpos=(3.9, 4.6)))
+    far = verdicts(rows)["g"]
+    assert far.parts[1].verdict() == fd.INCONCLUSIVE and far.result == fd.INCONCLUSIVE
+    assert any(n.startswith("its largest drop: 4C \u2192 8C") for n in far.notes), far.notes
+    assert any("beyond C up to 4C" in n for n in far.notes), far.notes
+
+
+def test_duplicate_configurations_are_recognised_by_their_outcomes_and_counted_once():
+    """A frozen configuration under another name with LM-Infinite's per-prompt outcomes at every length (StreamingLLM
+    with a window of C) is one configuration: (e) compares Self-Extend with it once and the report says so. Two
+    configurations that are each all right or all wrong at every length are not called duplicates."""
+    rows = world("paper")
+    lmi = next(r for r in rows if r["run_id"] == "lm_infinite-f")
+    twin = json.loads(json.dumps(lmi))
+    twin.update(run_id="streaming_llm-f", method="streaming_llm", method_params={"name": "streaming_llm"})
+    twin["time_start"] = twin["time_end"] = "2026-01-02T00:00:00"
+    rs = RowSet(rows + [twin], load_spec())
+    fs, ev = fd.evaluate(rs, "tiny_llama")
+    assert ev.duplicates == {"StreamingLLM": ("LM-Infinite", N * len(FACTORS))}
+    e = next(f for f in fs if f.key == "e")
+    assert not any("StreamingLLM" in p.what for p in e.parts + e.controls)
+    assert "- LM-Infinite = StreamingLLM (n = 250 prompts" in fd.report(rs, "tiny_llama")
+    # PI and YaRN both score 1 at C..8C and 0 at 16C in this world: identical outcomes, but no evidence of identity
+    assert "YaRN" not in ev.duplicates and "PI" not in ev.duplicates
 
 
 def test_methods_beyond_the_paper_never_change_a_verdict():
@@ -302,6 +401,14 @@ def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
     line = next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
     assert "no rows: pi" in line and "rows of pi exist but failed the convergence gate" in line
     assert "rows of clex" not in line and "no rows: clex" in line
+    # the sensitivity line: with the gate-failed PI row put back (and CLEX's row there), (b) is reproduced; the
+    # verdict itself stays inconclusive
+    rows = world("paper")
+    next(r for r in rows if r["run_id"] == "pi-t")["train_info"]["convergence"] = {"converged": False, "rule": "r"}
+    rep = fd.report(RowSet(rows, load_spec()), "tiny_llama")
+    line = next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
+    assert "**inconclusive** (no rows: pi" in line and "<br>with gate-failed rows: reproduced |" in line
+    assert "the 1 rows that failed the convergence gate" in rep
 
 
 def test_intervals_do_not_depend_on_the_order_of_the_rows():
@@ -318,3 +425,18 @@ def test_intervals_do_not_depend_on_the_order_of_the_rows():
 
     texts = [{k: sorted(p.text() for p in f.parts) for k, f in verdicts(rows(s)).items()} for s in range(4)]
     assert all(t == texts[0] for t in texts[1:])
+
+
+def test_readme_and_findings_md_state_the_counts_the_committed_rows_give():
+    """The README's verdict counts are the committed report's, and the report's are what the committed rows give now
+    (recomputed, never copied): after adding rows, `make findings` and the README sentence follow."""
+    from harness.results import read_rows
+
+    md = (ROOT / "results" / "findings.md").read_text()
+    raw, holm = re.search(r"Verdicts: ([^.]+)\. After Holm's correction over all \d+ tested parts: ([^.]+)\.",
+                          md).groups()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"(on the committed rows: {raw}; after Holm's correction over all parts: {holm})" in readme
+    rs = RowSet(read_rows(ROOT / "results"), load_spec())
+    fs, _, _ = fd.seeded(rs, fd.study_model(rs))
+    assert (fd.count_line(fs), fd.count_line(fs, "holm")) == (raw, holm)

@@ -90,7 +90,7 @@ def test_train_loop_decreases_loss_and_records_ema(tmp_path):
     info = finetune(ModelHandle(model, None, "x", 32), build_method({"name": "base"}), chunks, a, tmp_path / "ck", "fp")
     assert info["steps"] == 12 and info["tokens_seen"] == 64 * 4 * 12
     assert info["effective_global_batch"] == 4 and info["grad_accumulation"] == 2
-    assert info["ema"] is True and info["ema_decay"] == 0.5
+    assert info["ema"]["decay"] == 0.5 and info["ema"]["steps"] == 12
     assert info["losses"][-1] < info["losses"][0] - 0.5
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import stats
 from harness.tables import build_all
-from harness.tables.bootstrap import bootstrap_ci
 from harness.tables.paper import Paper
 from harness.tables.render import DASH, Cell
 from harness.tables.rows import RowSet, kfmt, load_spec, method_key
@@ -320,7 +320,7 @@ def test_figures_written(study, tmp_path):
     keep = {"r01-base", "r03-pi-new", "r04-ntk32", "r07-se", "r09-longlora"}
     rs = RowSet([r for r in study["rows"] if r["run_id"] in keep], load_spec())
     figs = {p.name for p in build_figures(rs, Paper(), tmp_path / "figures")}
-    for name in ("niah_tiny_llama", "manyshot_tiny_llama", "nll_tiny_llama", "ppl_vs_downstream_tiny_llama",
+    for name in ("niah_depth_tiny_llama", "manyshot_tiny_llama", "nll_tiny_llama", "ppl_vs_downstream_tiny_llama",
                  "passkey_tiny_llama"):
         assert f"{name}.png" in figs and f"{name}.pdf" in figs
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 5000
@@ -333,12 +333,103 @@ def test_figures_written(study, tmp_path):
     assert "table1_tiny_llama.md" in idx
 
 
+def _drawn_styles(monkeypatch, rs):
+    """Draw every figure of ``rs`` and return ``{figure: [(label, colour, marker)]}`` read off each panel's
+    legend (nothing is written: ``_save`` is replaced by the reader)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from harness.tables import figures
+
+    seen: dict = {}
+
+    def read(fig, out_dir, name):
+        for ax in fig.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                line = h[0] if isinstance(h, tuple) else h   # an errorbar's legend handle is its container
+                seen.setdefault(name, []).append((lab, to_hex(line.get_color()), line.get_marker()))
+        plt.close(fig)
+        return [Path(out_dir) / f"{name}.png"]
+
+    monkeypatch.setattr(figures, "_save", read)
+    figures.build_figures(rs, Paper(), "unused")
+    return seen
+
+
+def test_one_style_per_configuration_in_every_panel_and_figure(study, monkeypatch):
+    """A configuration has one colour + marker in every panel and figure, and a colour + marker never stands for
+    two configurations (the old figures restarted the colour cycle in each panel)."""
+    from harness.tables.figures import method_styles, panels_by_family
+
+    keep = {"r01-base", "r03-pi-new", "r04-ntk32", "r05-ntk64", "r06-yarn", "r07-se", "r09-longlora", "r10-abf"}
+    rs = RowSet([r for r in study["rows"] if r["run_id"] in keep], load_spec())
+    seen = _drawn_styles(monkeypatch, rs)
+    assert {"passkey_tiny_llama", "nll_tiny_llama", "manyshot_tiny_llama"} <= set(seen)
+    by_label: dict = {}
+    for items in seen.values():
+        for lab, colour, marker in items:
+            if not lab.endswith("(base)"):
+                by_label.setdefault(lab, set()).add((colour, marker))
+    assert len(by_label) >= 6 and all(len(s) == 1 for s in by_label.values()), by_label
+    assert len({next(iter(s)) for s in by_label.values()}) == len(by_label)
+    styles = method_styles(rs, Paper())
+    for _, members in panels_by_family(rs, Paper(), rs.for_model("tiny_llama")):
+        colours = [styles[(e.method, e.suffix)]["color"] for e in members]
+        assert len(set(colours)) == len(colours)
+    # what is drawn is method_styles' style, the one the paper's PI row takes in ppl_vs_downstream's second row
+    assert by_label["PI"] == {(styles[("pi", "")]["color"].lower(), styles[("pi", "")]["marker"])}
+
+
+def test_depth_figure_is_named_for_what_it_shows(study, tmp_path):
+    """NIAH by depth where NIAH is measurable (``niah_depth_``); passkey by depth under its own name
+    (``passkey_depth_``) where NIAH was not run, never a ``niah_*`` file showing passkey data."""
+    from harness.tables.figures import depth_figure
+
+    with_niah = RowSet([r for r in study["rows"] if r["run_id"] in {"r01-base", "r03-pi-new"}], load_spec())
+    figs = {p.name for p in depth_figure(with_niah, Paper(), "tiny_llama", tmp_path / "a", [])}
+    assert figs == {"niah_depth_tiny_llama.png", "niah_depth_tiny_llama.pdf"}
+    rows = [make_row(tmp_path, "d1-base", "base", train="none", suites=("ppl", "passkey")),
+            make_row(tmp_path, "d2-pi", "pi", suites=("ppl", "passkey"))]
+    for r in rows:   # per-prompt depths: the heatmap's prompts per cell
+        r["metrics"]["passkey"]["depth"] = {L: [i / 10 for i in range(10)] for L in r["metrics"]["passkey"]["correct"]}
+    figs = {p.name for p in depth_figure(RowSet(rows, load_spec()), Paper(), "tiny_llama", tmp_path / "b", [])}
+    assert figs == {"passkey_depth_tiny_llama.png", "passkey_depth_tiny_llama.pdf"}
+
+
+def test_not_measurable_is_not_drawn(tmp_path):
+    """An evaluator the tables print as n.m. (the base scores below spec.yaml's threshold at C) gets no figure and
+    no panel, and the notes say why."""
+    from harness.tables.build import build_tables
+    from harness.tables.figures import build_figures, scatter_points
+
+    base = make_row(tmp_path, "m1-base", "base", train="none", suites=("ppl", "passkey", "ruler"))
+    pk = base["metrics"]["passkey"]
+    for L in pk["accuracy"]:   # the base fails passkey and RULER at every length: both at the floor
+        pk["accuracy"][L], pk["correct"][L] = 0.0, [0] * len(pk["correct"][L])
+        pk["accuracy_by_depth"][L] = [0.0] * len(pk["accuracy_by_depth"][L])
+    ru = base["metrics"]["ruler"]
+    ru["average"] = {L: 0.0 for L in ru["average"]}
+    ru["tasks"] = {t: {L: 0.0 for L in s} for t, s in ru["tasks"].items()}
+    rows = [base, make_row(tmp_path, "m2-pi", "pi", suites=("ppl", "passkey", "ruler")),
+            make_row(tmp_path, "m3-se", "self_extend", train="none", suites=("ppl", "passkey", "ruler"))]
+    rs = RowSet(rows, load_spec())
+    t1 = next(t for t in build_tables(rs, Paper()) if t.id == "table1_tiny_llama")
+    nm = {t1.header[3 + j] for row in t1.rows for j, c in enumerate(row[3:]) if c.nm}
+    assert {"Needle", "RULER"} <= nm     # the tables say n.m. ...
+    notes: list = []
+    figs = {p.name for p in build_figures(rs, Paper(), tmp_path / "f", notes=notes)}
+    assert not any(f.startswith(("passkey", "niah")) for f in figs), figs   # ... so the figures draw neither
+    assert "ppl_vs_downstream_tiny_llama.png" not in figs and scatter_points(rs, "tiny_llama") == {}
+    assert any(n.startswith("passkey_tiny_llama: not drawn, passkey: the base model") for n in notes), notes
+    assert any("RULER panel: not drawn" in n for n in notes), notes
+
+
 def test_bootstrap_ci_covers_and_shrinks():
     rng = np.random.default_rng(0)
     small = [rng.integers(0, 2, 20).astype(float)]
     big = [rng.integers(0, 2, 2000).astype(float)]
-    lo1, hi1 = bootstrap_ci(small, 2000, 0)
-    lo2, hi2 = bootstrap_ci(big, 2000, 0)
+    _, lo1, hi1 = stats.bootstrap_mean(small)
+    _, lo2, hi2 = stats.bootstrap_mean(big)
     assert lo1 <= small[0].mean() <= hi1 and (hi2 - lo2) < (hi1 - lo1) / 5
     # binomial: half-width ~ 1.96 * sqrt(p(1-p)/n)
     p = big[0].mean()

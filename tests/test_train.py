@@ -117,7 +117,7 @@ def _single_run(ckpt: Path, a: TrainArgs, chunks, progress=None):
 def test_single_engine_trains_with_ema(tmp_path):
     a = _args()
     model, info = _single_run(tmp_path / "ck", a, _chunks())
-    assert info["ema"] is True and info["ema_decay"] == 0.5 and info["effective_global_batch"] == 4
+    assert info["ema"]["decay"] == 0.5 and info["effective_global_batch"] == 4
     assert info["tokens_seen"] == 6 * 4 * 32 and info["schedule"] == "constant_with_warmup"
     assert info["loss_last"] < info["loss_first"]
     # the evaluated weights are the EMA, not the last iterate
@@ -286,7 +286,8 @@ def test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact(tm
                  "cache_dir": str(tmp_path / "cache"), "seed": 0},
         "train": {"name": "t", "enabled": True, "engine": "deepspeed", "world_size": 2, "seq_len": 64,
                   "tokens": 64 * 2 * 24, "global_batch": 2, "micro_batch": 1, "lr": 5e-3, "warmup_steps": 1,
-                  "ema": True, "ema_decay": 0.5, "save_every": 1, "autocast": "float32", "log_every": 1, "seed": 0},
+                  "ema": True, "ema_decay": 0.5, "ema_bias_correction": True,  # resume must keep the EMA's count
+                  "save_every": 1, "autocast": "float32", "log_every": 1, "seed": 0},
         "seed": 0}
     cfg = OmegaConf.create(plain)
     a = to_args(TrainArgs, cfg.train, "train")
@@ -333,6 +334,7 @@ def test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact(tm
     h2, m2 = fresh()
     ref = de.launch(cfg, h2, m2, a, tmp_path / "ckpt_ref", "fp", tmp_path / "run2")
     assert ref["resumed_from_step"] is None and ref["losses"] == info["losses"]
+    assert info["ema"] == ref["ema"] == {"decay": 0.5, "bias_correction": True, "steps": 24, "base_share": 0.0}
     w1 = load_file(tmp_path / "run1" / "train_job" / "final" / "model.safetensors")
     w2 = load_file(tmp_path / "run2" / "train_job" / "final" / "model.safetensors")
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)

@@ -80,7 +80,7 @@ def test_ema_read_back_from_a_checkpoint_lives_with_its_partition(nccl_like):
     with nccl_like:
         p = _zero3_param(nccl_like, (4, 4))
         ema = de.PartitionEMA([p], 0.9)
-        ema.load([torch.zeros(8, dtype=torch.float32)])  # as checkpoint.load_state returns it
+        ema.load({"shadow": [torch.zeros(8, dtype=torch.float32)], "steps": 3})  # as checkpoint.load_state gives
         assert ema.shadow[0].device == CUDA and ema.shadow[0].shape == (8,)
 
 

@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import secrets
+import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -73,33 +75,59 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
     """Load the chunk array for this (args, tokenizer, seq_len, n_tokens) from cache, or ``build()`` and store it.
 
     ``build`` returns the array, or ``(array, stats)``: the stats (mixture provenance) go to the ``.json`` beside
-    the ``.npy`` with the cache key. Writes are atomic (temporary file + rename), so concurrent readers (the ranks
-    of a distributed run) only ever see a complete cache file."""
+    the ``.npy`` with the cache key. One build per key: it runs under an exclusive ``filelock`` on
+    ``<cache>.npy.lock``, and a process that waited on the lock (another array task of the same sweep, or a run
+    started while ``scripts/build_data.py`` builds) loads the finished file instead of building it again. Writes
+    are atomic (temporary file + rename), so readers that take no lock (the ranks of a distributed run) only ever
+    see a complete cache file."""
     key = json.dumps(cache_key(args, tokenizer, seq_len, n_tokens), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = Path(args.cache_dir) / f"{args.name}-{seq_len}-{digest}.npy"
-    if path.exists():
-        arr, why = _load_cache(path, seq_len)
-        if arr is not None:
-            return arr
-        import sys
-
-        print(f"warning: data cache {path} is unusable ({why}); rebuilding it", file=sys.stderr, flush=True)
-    out = build()
-    arr, stats = out if isinstance(out, tuple) else (out, None)
+    arr, _ = _load_cache(path, seq_len) if path.exists() else (None, None)
+    if arr is not None:
+        return arr
     path.parent.mkdir(parents=True, exist_ok=True)
-    tag = f"{os.getpid()}-{secrets.token_hex(3)}"
-    tmp, tmp_meta = path.with_name(f".{path.stem}.{tag}.tmp.npy"), path.with_name(f".{path.stem}.{tag}.tmp.json")
-    try:
-        np.save(tmp, arr)
-        tmp_meta.write_text(json.dumps({"key": json.loads(key), "shape": list(arr.shape), "dtype": str(arr.dtype),
-                                        "stats": stats}, indent=1))
-        tmp_meta.replace(path.with_suffix(".json"))
-        tmp.replace(path)
-    finally:  # a full disk or a kill leaves no partial file behind
-        tmp.unlink(missing_ok=True)
-        tmp_meta.unlink(missing_ok=True)
+    with _build_lock(path):
+        if path.exists():  # built while this process waited, or an unusable file left by an earlier build
+            arr, why = _load_cache(path, seq_len)
+            if arr is not None:
+                return arr
+            print(f"warning: data cache {path} is unusable ({why}); rebuilding it", file=sys.stderr, flush=True)
+        out = build()
+        arr, stats = out if isinstance(out, tuple) else (out, None)
+        tag = f"{os.getpid()}-{secrets.token_hex(3)}"
+        tmp, tmp_meta = path.with_name(f".{path.stem}.{tag}.tmp.npy"), path.with_name(f".{path.stem}.{tag}.tmp.json")
+        try:
+            np.save(tmp, arr)
+            tmp_meta.write_text(json.dumps({"key": json.loads(key),
+                                            "shape": list(arr.shape), "dtype": str(arr.dtype), "stats": stats},
+                                           indent=1))
+            tmp_meta.replace(path.with_suffix(".json"))
+            tmp.replace(path)
+        finally:  # a full disk or a kill leaves no partial file behind
+            tmp.unlink(missing_ok=True)
+            tmp_meta.unlink(missing_ok=True)
     return np.load(path, mmap_mode="r")
+
+
+@contextmanager
+def _build_lock(path: Path):
+    """Hold the exclusive build lock of cache file ``path``, saying on stderr when another process holds it (a
+    1B-token build takes hours: a silent wait would look like a hang). No timeout: the holder either finishes the
+    file or dies, and the operating system releases a dead process's lock."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(path) + ".lock", mode=0o666)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"data cache {path.name}: another process is building it; waiting for its lock", file=sys.stderr,
+              flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _load_cache(path: Path, seq_len: int) -> tuple[np.ndarray | None, str | None]:

@@ -119,11 +119,17 @@ def pack(docs_by_source, picks: list[Pick], seq_len: int, n_tokens: int, bos: in
     return stream[:need].astype(dtype).reshape(n_chunks, seq_len)
 
 
-def source_token_shares(picks: list[Pick], overhead: int = 2) -> dict[str, float]:
-    """Realised share of packed tokens per source (a document's BOS/EOS count for its source)."""
+def source_token_counts(picks: list[Pick], overhead: int = 2) -> dict[str, int]:
+    """Stream tokens per source (a document's BOS/EOS count for its source)."""
     counts: dict[str, int] = {}
     for p in picks:
         counts[p.source] = counts.get(p.source, 0) + p.take + overhead
+    return counts
+
+
+def source_token_shares(picks: list[Pick], overhead: int = 2) -> dict[str, float]:
+    """Realised share of packed tokens per source."""
+    counts = source_token_counts(picks, overhead)
     tot = sum(counts.values()) or 1
     return {k: v / tot for k, v in counts.items()}
 
@@ -156,6 +162,7 @@ def mixture_stats(docs_by_source, picks: list[Pick], shares: dict[str, float], l
     # the sampled share; the raw corpus total would be dominated by whichever source is largest on disk)
     natural = sum(shares[s] / tot * long_token_share({s: lengths[s]}, None, long_threshold) for s in shares)
     return {"target_shares": {s: v / tot for s, v in shares.items()}, "shares": source_token_shares(picks, overhead),
+            "tokens": source_token_counts(picks, overhead),
             "long_threshold": long_threshold, "long_share_natural": natural,
             "long_share_sampled": long_token_share(lengths, picks, long_threshold), "sources": per_src,
             "documents": len(picks)}

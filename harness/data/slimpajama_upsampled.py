@@ -16,6 +16,11 @@ until their source's budget is full. Budgets, truncation of each source's last d
 ``harness.data.mixture`` code (``local_mix`` uses the same functions over offline sources). The result goes through
 the memory-mapped cache like every builder (key: tokenizer, arguments, length, tokens, seed).
 
+How many shards a budget needs: short documents are kept at 1/upsample, so the builder reads several times the
+tokens it keeps. ``shards_needed`` sizes a download from the first shards' documents with this module's own
+length estimate and ``keep_probability`` (``scripts/prepare_cluster_data.py --estimate`` prints it), and shards
+that still run out before the budget is full are one ConfigError line naming the count needed.
+
 Paper vs Fu et al.: Fu's threshold is 4096 tokens (the pretrained window), not the 32K training length; it is
 ``long_threshold`` here (0 = the training length).
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,35 +50,88 @@ def _default_shares():
     return dict(SLIMPAJAMA_MIX)
 
 
+SHARD_SUFFIXES = (".jsonl", ".jsonl.zst", ".parquet")
+
+
+def shard_files(path: Path, suffixes: tuple[str, ...] = SHARD_SUFFIXES) -> list[Path]:
+    """The data files under ``path`` in their numbering order (``example_train_2`` before ``example_train_10``), so
+    that "the first K shards" of a local copy are the hub's first K; the hub client's bookkeeping folder
+    (``.cache/``, which ``snapshot_download(local_dir=...)`` writes) is not data."""
+    def natural(p: Path):
+        rel = p.relative_to(path).as_posix()
+        return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", rel)]
+
+    return sorted((p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes)
+                   and ".cache" not in p.relative_to(path).parts), key=natural)
+
+
+def read_shard(f: Path):
+    """Yield (source, text) from one shard file."""
+    if f.name.endswith(".parquet"):
+        import pandas as pd
+
+        df = pd.read_parquet(f)
+        for text, meta in zip(df["text"], df["meta"] if "meta" in df else [None] * len(df)):
+            yield _source_of(meta, f), text
+        return
+    if f.name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError as e:
+            raise ConfigError("reading *.jsonl.zst shards needs `pip install zstandard`") from e
+        fh = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(f, "rb")), encoding="utf-8")
+    else:
+        fh = open(f, encoding="utf-8")
+    with fh:
+        for line in fh:
+            if line.strip():
+                r = json.loads(line)
+                yield _source_of(r.get("meta"), f), r["text"]
+
+
 def iter_records(path: Path, seed: int):
     """Yield (source, text) from every shard under ``path`` (shards in a seeded order)."""
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.zst", ".parquet")))
+    files = shard_files(path)
     if not files:
         raise ConfigError(f"data=slimpajama_upsampled: no *.jsonl / *.jsonl.zst / *.parquet shards under {path} "
                           f"(prepare them with scripts/prepare_cluster_data.py)")
-    order = np.random.default_rng(seed).permutation(len(files))
-    for i in order:
-        f = files[i]
-        if f.name.endswith(".parquet"):
-            import pandas as pd
+    for i in np.random.default_rng(seed).permutation(len(files)):
+        yield from read_shard(files[i])
 
-            df = pd.read_parquet(f)
-            for text, meta in zip(df["text"], df["meta"] if "meta" in df else [None] * len(df)):
-                yield _source_of(meta, f), text
-            continue
-        if f.name.endswith(".zst"):
-            try:
-                import zstandard
-            except ImportError as e:
-                raise ConfigError("reading *.jsonl.zst shards needs `pip install zstandard`") from e
-            fh = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(f, "rb")), encoding="utf-8")
-        else:
-            fh = open(f, encoding="utf-8")
-        with fh:
-            for line in fh:
-                if line.strip():
-                    r = json.loads(line)
-                    yield _source_of(r.get("meta"), f), r["text"]
+
+def estimate_tokens(text: str, chars_per_token: float) -> int:
+    """A document's length in tokens before tokenising it (Fu et al.: characters / LLAMA_CHAR_TO_TOKEN_RATIO); the
+    keep/drop decision of the upsampling rule is taken on this estimate."""
+    return int(len(text) / chars_per_token)
+
+
+def shard_lengths(files: list[Path], chars_per_token: float) -> dict[str, list[int]]:
+    """Estimated token length of every document in ``files``, per source (the input of :func:`shards_needed`)."""
+    out: dict[str, list[int]] = {}
+    for f in files:
+        for src, text in read_shard(f):
+            out.setdefault(src, []).append(estimate_tokens(text, chars_per_token))
+    return out
+
+
+def kept_tokens(lengths: list[int], long_threshold: int, upsample: float, overhead: int) -> float:
+    """The stream tokens the builder is expected to keep from documents of these lengths: each document's tokens
+    plus its BOS/EOS, times its ``keep_probability`` (long always, short with p = 1/upsample)."""
+    return sum(keep_probability(n, long_threshold, upsample) * (n + overhead) for n in lengths)
+
+
+def shards_needed(lengths: dict[str, list[int]], n_files: int, shares: dict[str, float], n_tokens: int,
+                  long_threshold: int, upsample: float, overhead: int = 2) -> dict[str, dict]:
+    """Per source of ``shares``: its budget of the ``n_tokens`` (``source_budgets``), the tokens one shard is
+    expected to yield under the upsampling rule (``lengths`` read from ``n_files`` shards) and the shards its
+    budget needs (None when the sample holds no document of that source). The largest count is what the builder
+    needs: it stops only when every source's budget is full."""
+    out = {}
+    for src, budget in source_budgets(shares, n_tokens).items():
+        per_shard = kept_tokens(lengths.get(src, []), long_threshold, upsample, overhead) / max(1, n_files)
+        out[src] = {"budget": budget, "kept_per_shard": per_shard,
+                    "shards": math.ceil(budget / per_shard) if per_shard > 0 else None}
+    return out
 
 
 def _source_of(meta, f: Path) -> str:
@@ -97,9 +157,11 @@ class SlimPajamaUpsampled:
 
     @staticmethod
     def collect(a: SlimPajamaUpsampled.Args, records, tokenize, n_tokens: int, long_threshold: int,
-                overhead: int) -> tuple[dict[str, list[np.ndarray]], list[Pick], dict[str, int]]:
+                overhead: int, n_shards: int) -> tuple[dict[str, list[np.ndarray]], list[Pick], dict[str, int]]:
         """Stream records, keep long documents and a 1/upsample share of short ones per source until every
-        source's budget is full. Returns documents, picks (in arrival order) and the estimated lengths seen."""
+        source's budget is full. Returns documents, picks (in arrival order) and the estimated lengths seen.
+        Records running out first is one ConfigError line with the shards the budget needs, scaled from what
+        the ``n_shards`` shards read gave the source furthest from its budget."""
         rng = np.random.default_rng(a.seed)
         budgets = source_budgets(a.shares, n_tokens)
         got = {s: 0 for s in budgets}
@@ -109,7 +171,7 @@ class SlimPajamaUpsampled:
         for src, text in records:
             if src not in budgets or got[src] >= budgets[src]:
                 continue
-            est = int(len(text) / a.chars_per_token)
+            est = estimate_tokens(text, a.chars_per_token)
             seen[src]["documents"] += 1
             seen[src]["est_tokens"] += est
             seen[src]["est_long_tokens"] += est if est >= long_threshold else 0
@@ -126,10 +188,17 @@ class SlimPajamaUpsampled:
             got[src] += take + overhead
             if all(got[s] >= budgets[s] for s in budgets):
                 break
-        short = {s: budgets[s] - got[s] for s in budgets if got[s] < budgets[s]}
+        short = [s for s in budgets if got[s] < budgets[s]]
         if short:
-            raise ConfigError(f"data=slimpajama_upsampled: the shards under {a.path} ran out before the token "
-                              f"budget was filled (tokens missing per source: {short}); download more shards")
+            worst = min(short, key=lambda s: got[s] / budgets[s])
+            if got[worst]:
+                need = math.ceil(n_shards * budgets[worst] / got[worst])
+                how = (f"{worst} filled {got[worst]:,} of its {budgets[worst]:,} tokens, so about {need} shards are "
+                       f"needed: scripts/prepare_cluster_data.py --slimpajama-shards {need}")
+            else:
+                how = f"they hold no kept {worst} document: download more shards"
+            raise ConfigError(f"data=slimpajama_upsampled: the {n_shards} shards under {a.path} ran out before the "
+                              f"{n_tokens:,}-token budget was filled; {how}")
         return docs, picks, seen
 
     @staticmethod
@@ -146,7 +215,7 @@ class SlimPajamaUpsampled:
             overhead = (tokenizer.bos_token_id is not None) + (tokenizer.eos_token_id is not None)
             tok = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
             docs, picks, seen = SlimPajamaUpsampled.collect(a, iter_records(Path(a.path), a.seed), tok, n,
-                                                            threshold, overhead)
+                                                            threshold, overhead, len(shard_files(Path(a.path))))
             order = np.random.default_rng(a.seed + 1).permutation(len(picks))
             picks = [picks[i] for i in order]
             arr = pack(docs, picks, seq_len, n, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)

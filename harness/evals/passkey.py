@@ -6,7 +6,8 @@ Length control follows YaRN's ``eval/passkey.py`` (grow the garbage in 128-chara
 count), here computed by bisection on the number of 128-char steps so that prompt + generation budget <= L. The
 needle's character offset is ``randint(0, n_garbage)`` as in the original. Scoring: the first integer in the
 greedy continuation equals the pass key (original: ``max_new_tokens=10``; here 8 by default, enough for 5 digits
-plus a space on every tokenizer used).
+plus a space on every tokenizer used). ``template: gate`` swaps the four strings for the convergence gate's
+held-out variant (``harness.evals.templates``; same structure, other words), which no suite uses.
 """
 from __future__ import annotations
 
@@ -16,43 +17,47 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, greedy_generate, reuse_order
-from harness.evals.templates import PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION, PASSKEY_TASK
+from harness.evals.templates import PASSKEY_TEMPLATES
 from harness.stats import wilson
 
 STEP = 128  # characters of garbage added per step (YaRN eval/passkey.py)
 
 
-def passkey_prompt(n_garbage: int, n_prefix: int, pass_key: int) -> str:
-    garbage_inf = " ".join([PASSKEY_GARBAGE] * (n_garbage // len(PASSKEY_GARBAGE) + 2))
+def passkey_prompt(n_garbage: int, n_prefix: int, pass_key: int, template: str = "original") -> str:
+    """The prompt of ``template`` (``harness.evals.templates.PASSKEY_TEMPLATES``: ``original``, the suites';
+    ``gate``, the convergence gate's held-out variant) with ``n_garbage`` filler characters, the needle after
+    ``n_prefix`` of them."""
+    task, garbage, info, question = PASSKEY_TEMPLATES[template]
+    garbage_inf = " ".join([garbage] * (n_garbage // len(garbage) + 2))
     prefix = garbage_inf[:n_prefix]
     suffix = garbage_inf[: n_garbage - n_prefix]
-    info = PASSKEY_INFO.format(pass_key=pass_key)
-    return "\n".join([PASSKEY_TASK, prefix, info, suffix, PASSKEY_QUESTION])
+    return "\n".join([task, prefix, info.format(pass_key=pass_key), suffix, question])
 
 
-def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int) -> dict:
+def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int, template: str = "original") -> dict:
     """A prompt whose token count (BOS included) is at most ``length - gen_tokens``, as long as possible."""
     budget = length - gen_tokens
     n_tok = lambda s: len(tokenizer(s).input_ids)  # noqa: E731
     pass_key = rng.randint(1, 50000)
     lo, hi = 0, 1
-    while n_tok(passkey_prompt(hi * STEP, hi * STEP // 2, pass_key)) <= budget:
+    while n_tok(passkey_prompt(hi * STEP, hi * STEP // 2, pass_key, template)) <= budget:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if n_tok(passkey_prompt(mid * STEP, mid * STEP // 2, pass_key)) <= budget:
+        if n_tok(passkey_prompt(mid * STEP, mid * STEP // 2, pass_key, template)) <= budget:
             lo = mid
         else:
             hi = mid
     n_garbage = lo * STEP
     n_prefix = rng.randint(0, n_garbage)
-    prompt = passkey_prompt(n_garbage, n_prefix, pass_key)
+    prompt = passkey_prompt(n_garbage, n_prefix, pass_key, template)
     while n_garbage > 0 and n_tok(prompt) > budget:  # the random split can change the count by a token or two
         n_garbage -= STEP
         n_prefix = min(n_prefix, n_garbage)
-        prompt = passkey_prompt(n_garbage, n_prefix, pass_key)
+        prompt = passkey_prompt(n_garbage, n_prefix, pass_key, template)
     if n_tok(prompt) > budget:
         raise ValueError(f"passkey: length {length} is too short for the template itself")
     depth = n_prefix / n_garbage if n_garbage else 0.0
@@ -64,16 +69,23 @@ def score(continuation: str, pass_key: int) -> bool:
     return bool(m) and int(m.group()) == pass_key
 
 
+def passkey_samples(tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
+                    template: str = "original") -> list[dict]:
+    """The ``n_samples`` prompts of one length, drawn in order from the generator of (seed, length): the same
+    prompts for every method, and what ``run_passkey`` decodes."""
+    rng = random.Random(f"passkey-{seed}-{length}")
+    return [make_sample(tokenizer, length, rng, gen_tokens, template) for _ in range(n_samples)]
+
+
 def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
-                dtype: str = "auto", reuse_prefix: bool = True, ctx=None) -> list[dict]:
+                dtype: str = "auto", reuse_prefix: bool = True, ctx=None, template: str = "original") -> list[dict]:
     """Consecutive prompts share the task line and the garbage up to the earlier needle: with ``reuse_prefix`` the
     prompts are decoded in lexicographic order of their token ids (``reuse_order``: neighbours share the longest
     heads) and that head is not re-encoded (``PrefixCache``; same greedy tokens as ``greedy_generate``). The prompts
     themselves, drawn in order from the seeded generator (every rank draws them all), and the records (in prompt
     order) do not depend on it. ``ctx.map`` spreads the decoding over the ranks of a data-parallel evaluation."""
-    rng = random.Random(f"passkey-{seed}-{length}")
     runner = PrefixCache(model, dtype) if reuse_prefix else None
-    samples = [make_sample(tokenizer, length, rng, gen_tokens) for _ in range(n_samples)]
+    samples = passkey_samples(tokenizer, length, n_samples, seed, gen_tokens, template)
     ids = [tokenizer(s["prompt"]).input_ids for s in samples]
 
     def one(i: int) -> dict:
@@ -108,6 +120,7 @@ class Passkey:
         gen_tokens: int = 8
         depth_bins: int = 5
         reuse_prefix: bool = True  # reuse the KV cache of the prompts' common head
+        template: str = "original"  # original (the suites') | gate (the convergence gate's own; no suite uses it)
 
     def __init__(self, args):
         self.args = args
@@ -115,6 +128,9 @@ class Passkey:
     def check(self, native_ctx: int, where: str) -> None:
         a = self.args
         check_positive(where, samples=a.samples, gen_tokens=a.gen_tokens, depth_bins=a.depth_bins)
+        if a.template not in PASSKEY_TEMPLATES:
+            raise ConfigError(f"{where}.template: unknown passkey template {a.template!r} (valid: "
+                              f"{', '.join(PASSKEY_TEMPLATES)})")
 
     def run(self, handle, method, ctx) -> dict:
         a = self.args
@@ -122,7 +138,7 @@ class Passkey:
         acc, by_depth, correct, depth, ci = {}, {}, {}, {}, {}
         for L in lengths:
             recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast,
-                               a.reuse_prefix, ctx)
+                               a.reuse_prefix, ctx, a.template)
             write_jsonl(ctx.samples_path("passkey"), recs)
             k = sum(r["correct"] for r in recs)
             acc[str(L)] = k / len(recs)

@@ -16,6 +16,24 @@ PASSKEY_GARBAGE = "The grass is green. The sky is blue. The sun is yellow. Here 
 PASSKEY_INFO = "The pass key is {pass_key}. Remember it. {pass_key} is the pass key."
 PASSKEY_QUESTION = "What is the pass key? The pass key is"
 
+# The convergence gate's held-out variant (``harness.evals.convergence``): the same four parts and the same retrieval
+# (the question ends with the phrase that introduced the number), in other words and with another filler, so that
+# the gate never scores a prompt a suite scores. No suite uses it (tests/test_gate.py); harness.contamination keeps it
+# out of training data as it does the original.
+PASSKEY_GATE_TASK = (
+    "A number is kept somewhere inside the long text below, among many lines that do not matter. Find it and keep "
+    "it in mind; you will be asked for it at the end."
+)
+PASSKEY_GATE_GARBAGE = "The snow is white. The sea is deep. The moon is pale. Off we go. Over the hills and home again."
+PASSKEY_GATE_INFO = "The locker number is {pass_key}. Keep it safe. {pass_key} is the locker number."
+PASSKEY_GATE_QUESTION = "Which locker number was given above? The locker number is"
+
+# passkey's ``template`` argument -> (task, garbage, info, question)
+PASSKEY_TEMPLATES = {
+    "original": (PASSKEY_TASK, PASSKEY_GARBAGE, PASSKEY_INFO, PASSKEY_QUESTION),
+    "gate": (PASSKEY_GATE_TASK, PASSKEY_GATE_GARBAGE, PASSKEY_GATE_INFO, PASSKEY_GATE_QUESTION),
+}
+
 # --- Needle in a Haystack: gkamradt/LLMTest_NeedleInAHaystack --------------------------------------------------
 NIAH_NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 NIAH_QUESTION = "What is the best thing to do in San Francisco?"

@@ -10,8 +10,8 @@ import math
 import sys
 from datetime import datetime
 
-from harness.tables import bootstrap as bs
 from harness.tables import estimates as est
+from harness.tables import samples
 from harness.tables.paper import Paper
 from harness.tables.render import DASH, Cell, Table
 from harness.tables.rows import (
@@ -117,7 +117,6 @@ def ci_for(rs: RowSet, pick, names_extra: list[str], evaluator: str, where: dict
     sspec = (rs.spec.get("samples") or {}).get(evaluator)
     if not sspec:
         return None
-    bsp = rs.spec.get("bootstrap") or {}
     names = [pick.entry_key] + names_extra
     w = {sspec[k]: v for k, v in where.items() if sspec.get(k)}
     if len(w) != len(where):
@@ -125,8 +124,7 @@ def ci_for(rs: RowSet, pick, names_extra: list[str], evaluator: str, where: dict
     gb = sspec.get(group_by) if group_by else None
     if group_by and not gb:
         return None
-    return bs.interval_for(pick.row, names, sspec["score"], w, gb, reported, bsp.get("resamples", 1000),
-                           bsp.get("seed", 0))
+    return samples.interval_for(pick.row, names, sspec["score"], w, gb, reported)
 
 
 # -- Table 2 / 5: perplexity by length ---------------------------------------------------------------------------

@@ -204,8 +204,8 @@ JSONL = {"passkey": ("passkey", None), "niah": ("niah", None), "ruler": ("ruler"
 
 def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
     """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
-    records (``samples/<entry>.jsonl``, ``harness.tables.bootstrap``), when they reproduce the row's number."""
-    from harness.tables import bootstrap as bs
+    records (``samples/<entry>.jsonl``, ``harness.tables.samples``), when they reproduce the row's number."""
+    from harness.tables import samples
 
     if source not in JSONL or not x.keys:
         return
@@ -213,9 +213,8 @@ def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
     sspec = (rs.spec.get("samples") or {}).get(ev)
     if not sspec:
         return
-    bsp = rs.spec.get("bootstrap") or {}
-    ci = bs.interval_for(p.row, [p.entry_key, ev], sspec["score"], {sspec["length"]: x.keys[0]},
-                         sspec.get(group) if group else None, x.value, bsp.get("resamples", 1000), bsp.get("seed", 0))
+    ci = samples.interval_for(p.row, [p.entry_key, ev], sspec["score"], {sspec["length"]: x.keys[0]},
+                              sspec.get(group) if group else None, x.value)
     if ci is not None:
         x.lo, x.hi, x.note = ci[0], ci[1], ""
 

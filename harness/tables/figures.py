@@ -1,20 +1,31 @@
 """The study's figures from the rows (PNG + PDF under ``results/figures/``), one set per model, drawn for a reader:
-small multiples by method family, the base model as a reference in every panel, 95% intervals as bars or bands,
-short labels (the tables' legend says what they stand for), evaluators at the floor left out with a note.
+small multiples by method family, the base model as a grey dashed reference in every panel, 95% intervals as bars
+or bands, short labels (the tables' legend says what they stand for).
 
-- ``passkey_<model>``: accuracy vs length (multiples of C), Wilson bars, one panel per family, the base in grey.
+- ``passkey_<model>``: accuracy vs length (multiples of C), Wilson bars, one panel per family.
 - ``nll_<model>``: Figure 3, averaged NLL by position, one panel per family, bootstrap bands over documents where
-  the rows keep per-document NLL, the base dashed in every panel.
-- ``niah_<model>``: Figure 1/5 heatmaps (depth x length) for the configurations that are not at the floor; NIAH
-  where it is measurable for the model, else passkey accuracy by needle depth (said in the title); each cell
-  annotated with its number of prompts where the row keeps them.
+  the rows keep per-document NLL.
+- ``passkey_depth_<model>`` (``niah_depth_<model>`` where NIAH is measurable for the model): Figure 1/5 heatmaps,
+  score by needle depth x length, one panel per configuration that is not at 0 everywhere. No numbers in the cells:
+  a cell whose 95% Wilson interval is wider than ``WIDE_CELL`` (too few prompts to trust its colour) is hatched, and
+  the title gives the prompts per cell.
 - ``ppl_vs_downstream_<model>``: Figure 4, PPL at 8C vs the downstream scores that are measurable for the model
   (Needle, RULER, LongBench), x and y error bars, Spearman's rho with its interval over exact-attention methods; a
   second row shows the paper's Table 1 points.
 - ``manyshot_<model>``: Figure 2, many-shot accuracy vs number of in-context examples.
 
-What is left out (a panel at the floor, a figure with nothing measurable) is listed by ``build_figures`` in the
-errors / notes it returns, so ``results/tables/index.md`` says it.
+Three rules hold in every figure, so that a reader can trust what the eye picks up:
+
+- One style per configuration: ``method_styles`` gives each configuration a colour from a colour-blind-safe palette
+  (Paul Tol's "muted") and a marker, in the order the configurations first appear in the rows, grouped by panel (so
+  the members of one panel never share a colour). A configuration looks the same in every panel and figure, and no
+  colour + marker stands for two configurations. Heatmaps use viridis (no red-green contrast).
+- Nothing the tables print as ``n.m.`` is drawn: every figure and panel asks ``estimates.floor``, the rule behind
+  each ``n.m.`` (``spec.yaml: measurable``).
+- Point labels are placed by adjustText, inside the axes and clear of each other, with a leader line when moved.
+
+What is left out (a figure or panel not measurable, a configuration at 0) is listed by ``build_figures`` in the
+notes it returns, so ``results/tables/index.md`` says it.
 """
 from __future__ import annotations
 
@@ -28,25 +39,36 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from adjustText import adjust_text
+from matplotlib.colors import to_rgba
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 
 from harness import stats
 from harness.results import atomic_write
 from harness.tables import estimates as est
+from harness.tables import samples
 from harness.tables.build import _task_mean, attention
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, num
 
-MARKERS = {("exact", "frozen"): "^", ("exact", "fine-tuned"): "o", ("approximate", "frozen"): "v",
-           ("approximate", "fine-tuned"): "s"}
-PAPER_FT = ("pi", "yarn", "clex", "ntk_32k", "ntk_64k", "ntk_64k_2b")
-BASE_STYLE = dict(color="0.25", ls="--", lw=1.4)
-
+# Paul Tol's "muted" qualitative palette: nine colours told apart under the common colour-vision deficiencies
+PALETTE = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499")
+MARKERS = ("o", "s", "D", "^", "v", "P")       # the second, third, ... pass through the palette
+BASE = {"color": "0.3", "marker": "*"}          # the frozen base model, in every figure
+BASE_LINE = dict(color=BASE["color"], ls="--", lw=1.4)
+HEATMAP = "viridis"                              # perceptually uniform, colour-blind safe
+WIDE_CELL = 0.5                                  # a heatmap cell whose 95% interval is wider than this is hatched
+DRAWN = ("passkey", "niah", "nll", "manyshot", "ppl_pg19")   # the spec.yaml sources some figure draws
+PANELS = ("frozen, exact attention", "frozen, approximate attention", "fine-tuned, exact (the paper's)",
+          "fine-tuned, exact (other RoPE methods)", "fine-tuned, approximate attention")
 
 
 def _suptitle(fig, text: str, fontsize: float = 10) -> None:
     """A figure title wrapped to the figure's width (a long caption must not run off both edges)."""
     width = max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)))
     fig.suptitle("\n".join(textwrap.wrap(text, width)), fontsize=fontsize)
+
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -59,26 +81,18 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
+def _measurable(rs: RowSet, model: str, source: str, what: str, notes: list) -> bool:
+    """Whether the tables print numbers (not ``n.m.``) for ``source`` of ``model``: ``estimates.floor``, the rule
+    behind every ``n.m.``. When not, a note says that ``what`` is left out and why."""
+    fl = est.floor(rs, model, source)
+    if not fl.measurable:
+        notes.append(f"{what}: not drawn, {fl.reason}")
+    return fl.measurable
+
+
+# -- families, panels and one style per configuration ----------------------------------------------------------------
 def family(rs: RowSet, e: Entry) -> tuple[str, str]:
     return attention(rs, e), "frozen" if e.frozen else "fine-tuned"
-
-
-def panels_by_family(rs: RowSet, ents: list[Entry]) -> list[tuple[str, list[Entry]]]:
-    """Small multiples: frozen exact, frozen approximate, fine-tuned exact (the paper's methods), fine-tuned exact
-    (other RoPE methods), fine-tuned approximate; the base model is drawn in every panel, not as a member."""
-    groups = [("frozen, exact attention", lambda e: family(rs, e) == ("exact", "frozen")),
-              ("frozen, approximate attention", lambda e: family(rs, e) == ("approximate", "frozen")),
-              ("fine-tuned, exact (the paper's)", lambda e: family(rs, e) == ("exact", "fine-tuned")
-               and e.method in PAPER_FT),
-              ("fine-tuned, exact (other RoPE methods)", lambda e: family(rs, e) == ("exact", "fine-tuned")
-               and e.method not in PAPER_FT),
-              ("fine-tuned, approximate attention", lambda e: family(rs, e) == ("approximate", "fine-tuned"))]
-    out = []
-    for title, pred in groups:
-        members = [e for e in ents if pred(e) and not _is_base(e)]
-        if members:
-            out.append((title, members))
-    return out
 
 
 def _is_base(e: Entry) -> bool:
@@ -90,6 +104,64 @@ def _base(ents: list[Entry]) -> Entry | None:
     return b[0] if b else None
 
 
+def _paper_finetuned(paper: Paper) -> set:
+    """The method keys the paper fine-tuned with exact attention (its Table 1 rows)."""
+    return {r["key"] for r in paper.table("table1")["rows"]
+            if r.get("training") == "fine-tuned" and r.get("attention") == "exact"}
+
+
+def panel_of(rs: RowSet, e: Entry, paper: Paper) -> int | None:
+    """Index into ``PANELS`` of the entry's small multiple; None for the base model, drawn in every panel."""
+    if _is_base(e):
+        return None
+    att, tr = family(rs, e)
+    if tr == "frozen":
+        return 0 if att == "exact" else 1
+    if att == "approximate":
+        return 4
+    return 2 if e.method in _paper_finetuned(paper) else 3
+
+
+def panels_by_family(rs: RowSet, paper: Paper, ents: list[Entry]) -> list[tuple[str, list[Entry]]]:
+    """Small multiples: (title, members) for each non-empty family in ``PANELS`` order."""
+    by: dict = {}
+    for e in ents:
+        i = panel_of(rs, e, paper)
+        if i is not None:
+            by.setdefault(i, []).append(e)
+    return [(PANELS[i], by[i]) for i in sorted(by)]
+
+
+def style_key(e: Entry) -> tuple[str, str]:
+    """What a style belongs to: the method and the label's suffix (`` (FT)``, `` #2``), i.e. one configuration,
+    the same key in every model's figures. A paper row is ``(key, "")``, the key of our row of that method."""
+    return e.method, e.suffix
+
+
+def method_styles(rs: RowSet, paper: Paper) -> dict[tuple[str, str], dict]:
+    """``{style_key: {"color", "marker"}}`` for every configuration of the rows (all models) and every row of the
+    paper's Table 1 we did not run; a configuration with none of the ``DRAWN`` metrics (a factor search) takes
+    none. Order: by panel, then by the time of the configuration's first row, so that the members of one panel get
+    consecutive palette colours (distinct while a panel has at most ``len(PALETTE)`` members). The same rows give
+    the same styles; a configuration added later can shift those of the panels after its own. Colour + marker is
+    unique over ``len(PALETTE) * len(MARKERS)`` configurations."""
+    first: dict = {}
+    for e in rs.entries:
+        if _is_base(e) or not any(rs.entry_keys(r, src) for rows in e.by_seed.values() for r in rows
+                                  for src in DRAWN):
+            continue
+        t = min(str(r.get("time_start") or r.get("time_end") or "") for rows in e.by_seed.values() for r in rows)
+        first[style_key(e)] = min(first.get(style_key(e), (99, t)), (panel_of(rs, e, paper), t))
+    keys = sorted(first, key=lambda k: (first[k], k))
+    keys += [k for k in dict.fromkeys((r["key"], "") for r in paper.table("table1")["rows"]) if k not in first]
+    n = len(PALETTE)
+    return {k: {"color": PALETTE[i % n], "marker": MARKERS[(i // n) % len(MARKERS)]} for i, k in enumerate(keys)}
+
+
+def _style(styles: dict, e: Entry) -> dict:
+    return BASE if _is_base(e) else styles[style_key(e)]
+
+
 def _grid_axes(n: int, ncol: int = 3, w: float = 4.6, h: float = 3.4):
     ncol = min(ncol, n)
     nrow = math.ceil(n / ncol)
@@ -99,17 +171,18 @@ def _grid_axes(n: int, ncol: int = 3, w: float = 4.6, h: float = 3.4):
     return fig, list(axes.flat)[:n]
 
 
+def _legend_below(ax) -> None:
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+
+
 # -- passkey accuracy by length ----------------------------------------------------------------------------------
-def passkey_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]:
+def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
     ents = [e for e in rs.for_model(model) if est.lengths_of(rs, e, "passkey", "accuracy")]
-    if not ents:
+    if not ents or not _measurable(rs, model, "passkey", f"passkey_{model}", notes):
         return []
-    fl = est.floor(rs, model, "passkey")
-    if not fl.measurable:
-        notes.append(f"passkey_{model}: not drawn, {fl.reason}")
-        return []
+    styles = method_styles(rs, paper)
     base = _base(ents)
-    panels = panels_by_family(rs, ents)
+    panels = panels_by_family(rs, paper, ents)
     fig, axes = _grid_axes(len(panels), h=3.9)
     c = ents[0].native_ctx
     n_seen = set()
@@ -119,20 +192,19 @@ def passkey_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[P
         xs = [est.at(rs, e, "passkey", f) for f in fs]
         return [(f, x) for f, x in zip(fs, xs) if x is not None]
 
-    from matplotlib.colors import to_rgba
-
     for ax, (title, members) in zip(axes, panels):
         if base is not None:
             pts = series(base)
             ax.errorbar([f for f, _ in pts], [x.value for _, x in pts], yerr=_yerr(pts), capsize=0, elinewidth=3,
-                        ecolor=to_rgba("0.25", 0.18), label=f"{base.label} (base)", **BASE_STYLE)
+                        ecolor=to_rgba(BASE["color"], 0.18), label=f"{base.label} (base)", **BASE_LINE)
         trains = set()
         for i, e in enumerate(members):
             pts = series(e)
             off = 2 ** (0.06 * (i - (len(members) - 1) / 2))   # dodge the bars of one length apart
-            col = f"C{i % 10}"
+            st = _style(styles, e)
             ax.errorbar([f * off for f, _ in pts], [x.value for _, x in pts], yerr=_yerr(pts), capsize=1.5,
-                        elinewidth=0.9, ecolor=to_rgba(col, 0.5), marker="o", ms=4, lw=1.4, color=col, label=e.label)
+                        elinewidth=0.9, ecolor=to_rgba(st["color"], 0.5), marker=st["marker"], ms=4.5, lw=1.4,
+                        color=st["color"], label=e.label)
             n_seen |= {x.n for _, x in pts if x.n}
             if e.train_len and c:
                 trains.add(e.train_len / c)
@@ -145,10 +217,9 @@ def passkey_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[P
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
-    for ax in axes:
-        ax.set_xlabel(f"prompt length (C = {c} tokens)", fontsize=8)
-        ax.set_ylabel("passkey accuracy", fontsize=8)
+        _legend_below(ax)
+        ax.set_xlabel(f"prompt length (C = {c} tokens)", fontsize=9)
+        ax.set_ylabel("passkey accuracy", fontsize=9)
     n = ", ".join(str(x) for x in sorted(n_seen))
     _suptitle(fig, f"Passkey retrieval by length ({model}); bars: 95% Wilson intervals, n = {n} prompts per point; "
               "\u25b2 on the axis: training lengths of the panel's methods")
@@ -167,14 +238,13 @@ def _nll(rs: RowSet, e: Entry):
     return p.value
 
 
-def nll_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]:
+def nll_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
     ents = [e for e in rs.for_model(model) if _nll(rs, e) is not None]
-    if not ents:
+    if not ents or not _measurable(rs, model, "nll", f"nll_{model}", notes):
         return []
+    styles = method_styles(rs, paper)
     base = _base(ents)
-    panels = panels_by_family(rs, ents)
-    if not panels:
-        panels = [("base", [])]
+    panels = panels_by_family(rs, paper, ents) or [("base", [])]
     fig, axes = _grid_axes(len(panels), ncol=3, w=4.8, h=3.9)
     c = ents[0].native_ctx or 1
     banded, docs = False, set()
@@ -197,15 +267,16 @@ def nll_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]
 
     for ax, (title, members) in zip(axes, panels):
         if base is not None:
-            draw(ax, base, label=f"{base.label} (base)", **BASE_STYLE)
-        for i, e in enumerate(members):
-            draw(ax, e, label=e.label, lw=1.2, color=f"C{i % 10}")
+            draw(ax, base, label=f"{base.label} (base)", **BASE_LINE)
+        for i, e in enumerate(members):   # markers staggered: lines on top of each other still show theirs
+            st = _style(styles, e)
+            draw(ax, e, label=e.label, lw=1.2, color=st["color"], marker=st["marker"], ms=4, markevery=(i % 4, 4))
         ax.axvline(1, color="0.5", ls=":", lw=1)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
-        ax.set_xlabel(f"token position / C (C = {c} tokens)", fontsize=8)
-        ax.set_ylabel("mean NLL (nats)", fontsize=8)
+        _legend_below(ax)
+        ax.set_xlabel(f"token position / C (C = {c} tokens)", fontsize=9)
+        ax.set_ylabel("mean NLL (nats)", fontsize=9)
     if ylo:
         pad = 0.05 * (max(yhi) - min(ylo))
         for ax in axes:
@@ -219,9 +290,10 @@ def nll_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]
     return _save(fig, out_dir, f"nll_{model}")
 
 
-# -- NIAH / passkey-by-depth heatmaps -------------------------------------------------------------------------------
+# -- score by needle depth x length (heatmaps) -----------------------------------------------------------------------
 def _grid(rs: RowSet, e: Entry, source: str):
-    """(lengths, depths (percent), matrix [depth x length], counts or None) or None."""
+    """(lengths, depths (percent), matrix [depth x length], prompts per cell or None) or None. NIAH: one needle per
+    cell (no counts); passkey: the row's per-prompt depths binned like ``accuracy_by_depth``, when it keeps them."""
     if source == "niah":
         p = rs.pick(e, "niah", lambda m, r: m.get("grid") if isinstance(m.get("grid"), dict) and m["grid"] else None)
         if p.value is None:
@@ -235,7 +307,7 @@ def _grid(rs: RowSet, e: Entry, source: str):
                 v = num(v)
                 if v is not None:
                     mat[depths.index(float(d)), j] = v
-        return [int(L) for L in lengths], depths, mat, np.ones_like(mat)
+        return [int(L) for L in lengths], depths, mat, None
     p = rs.pick(e, "passkey", lambda m, r: m if isinstance(m.get("accuracy_by_depth"), dict)
                 and m["accuracy_by_depth"] else None)
     if p.value is None:
@@ -262,21 +334,33 @@ def _grid(rs: RowSet, e: Entry, source: str):
     return [int(L) for L in lengths], depths, mat, counts
 
 
-def niah_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]:
+def wide_cells(mat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Cells whose 95% Wilson interval (``mat`` x ``counts`` correct of ``counts``) is wider than ``WIDE_CELL``:
+    too few prompts for the colour to mean much (1/1 and 1/2 are hatched, 5/5 and 14/14 are not)."""
+    out = np.zeros(mat.shape, bool)
+    for i, j in zip(*np.nonzero(counts > 0)):
+        if not np.isnan(mat[i, j]):
+            lo, hi = stats.wilson(round(mat[i, j] * counts[i, j]), int(counts[i, j]))
+            out[i, j] = hi - lo > WIDE_CELL
+    return out
+
+
+def depth_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
     ents = rs.for_model(model)
     fl_niah = est.floor(rs, model, "niah")
     has_niah = any(_grid(rs, e, "niah") is not None for e in ents)
     source = "niah" if has_niah and fl_niah.measurable else "passkey"
-    if source == "passkey" and not est.floor(rs, model, "passkey").measurable:
-        notes.append(f"niah_{model}: not drawn, NIAH and passkey not measurable at this scale")
+    name = f"{source}_depth_{model}"
+    if not any(_grid(rs, e, source) is not None for e in ents) or not _measurable(rs, model, source, name, notes):
         return []
     if has_niah and source == "passkey":
-        notes.append(f"niah_{model}: NIAH not measurable at this scale ({fl_niah.reason}); the heatmaps show passkey "
-                     "accuracy by needle depth instead")
+        notes.append(f"{name}: drawn instead of NIAH by depth, which is not measurable at this scale "
+                     f"({fl_niah.reason})")
+    styles = method_styles(rs, paper)
+    order = list(styles)
+    ents = sorted(ents, key=lambda e: (not _is_base(e), panel_of(rs, e, paper) or 0,
+                                       order.index(style_key(e)) if style_key(e) in order else 0))
     panels, floor_ = [], []
-    order = {t: i for i, (t, _) in enumerate(panels_by_family(rs, ents))}
-    fam_of = {id(e): t for t, ms in panels_by_family(rs, ents) for e in ms}
-    ents = sorted(ents, key=lambda e: (not _is_base(e), order.get(fam_of.get(id(e)), 99)))
     for e in ents:
         g = _grid(rs, e, source)
         if g is None:
@@ -286,48 +370,55 @@ def niah_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path
             continue
         panels.append((e, g))
     if not panels:
-        notes.append(f"niah_{model}: every configuration at 0 ({source})")
+        notes.append(f"{name}: not drawn, every configuration at 0")
         return []
-    fig, axes = _grid_axes(len(panels), ncol=4, w=3.3, h=2.6)
-    cmap = matplotlib.colormaps["RdYlGn"]
+    fig, axes = _grid_axes(len(panels), ncol=5, w=3.0, h=2.5)
+    cmap = matplotlib.colormaps[HEATMAP]
     im = None
     c = panels[0][0].native_ctx or 1
-    annotated = False
+    per_cell, hatched = set(), False
     for ax, (e, (lengths, depths, mat, counts)) in zip(axes, panels):
         im = ax.imshow(mat, aspect="auto", cmap=cmap, vmin=0, vmax=1, origin="upper",
                        extent=(-0.5, len(lengths) - 0.5, len(depths) - 0.5, -0.5))
-        ax.set_xticks(range(len(lengths)), [f"{L / c:g}C" for L in lengths], fontsize=7)
+        ax.set_xticks(range(len(lengths)), [f"{L / c:g}C" for L in lengths], fontsize=8)
         step = max(1, len(depths) // 5)
         ax.set_yticks(range(0, len(depths), step), [f"{depths[i]:.0f}%" for i in range(0, len(depths), step)],
-                      fontsize=7)
-        if counts is not None and source == "passkey":
-            annotated = True
-            for i in range(len(depths)):
-                for j in range(len(lengths)):
-                    if counts[i, j]:
-                        k = int(round(mat[i, j] * counts[i, j])) if not np.isnan(mat[i, j]) else 0
-                        ax.text(j, i, f"{k}/{int(counts[i, j])}", ha="center", va="center", fontsize=5.5)
+                      fontsize=8)
+        if counts is not None:
+            per_cell |= {int(k) for k in counts[counts > 0]}
+            for i, j in zip(*np.nonzero(wide_cells(mat, counts))):
+                hatched = True   # dark hatching on the light (high) end of the map, light on the rest
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=0, hatch="////",
+                                       edgecolor="0.15" if mat[i, j] > 0.65 else "white"))
         tl = e.train_len or e.native_ctx
         if tl:
             k = sum(1 for L in lengths if L <= tl)
             ax.axvline(k - 0.5, color="white", ls="--", lw=2)
             ax.axvline(k - 0.5, color="black", ls="--", lw=0.8)
         ax.set_title(e.label, fontsize=9)
-    what = "NIAH score (one needle per cell)" if source == "niah" else "passkey accuracy by needle depth"
-    cells = "cells: correct/prompts" if annotated else "cells: few prompts each (counts not in these rows)"
-    if source == "passkey":
-        n = {x.n for e, _ in panels for f in est.lengths_of(rs, e, "passkey", "accuracy")
-             if (x := est.at(rs, e, "passkey", f)) is not None and x.n}
-        cells += f"; n = {', '.join(str(v) for v in sorted(n))} prompts per length"
-    fig.colorbar(im, ax=axes, shrink=0.8, label=what.split(" (")[0])
+    what = "NIAH score" if source == "niah" else "passkey accuracy"
+    fig.colorbar(im, ax=axes, shrink=0.6, label=what)
+    handles = [Patch(facecolor="white", edgecolor="0.5", label="no prompt at that depth and length"),
+               Line2D([], [], color="black", ls="--", lw=0.8, label="training length (frozen: C)")]
+    if hatched:
+        handles.insert(0, Patch(facecolor=cmap(0.45), edgecolor="white", hatch="////",
+                                label=f"95% Wilson interval wider than {WIDE_CELL:g} (too few prompts in the cell)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles) if len(panels) >= 4 else 1, fontsize=8,
+               frameon=False)   # one line where the figure is wide enough
+    if source == "niah":
+        cells = "n = 1 needle per cell"
+    elif per_cell:
+        cells = f"n = {'-'.join(str(k) for k in sorted({min(per_cell), max(per_cell)}))} prompts per cell"
+    else:
+        cells = "prompts per cell not in these rows"
     left = f"; at 0 everywhere, not drawn: {', '.join(floor_)}" if floor_ else ""
-    _suptitle(fig, f"{what} ({model}); x: length (C = {c} tokens), y: needle depth; dashed: training length; "
-              f"white: no prompt in that cell; {cells}{left}", fontsize=9)
-    return _save(fig, out_dir, f"niah_{model}")
+    _suptitle(fig, f"{what.capitalize()} by needle depth (y) and prompt length (x, C = {c} tokens), {model}, one "
+              f"panel per configuration; {cells}{left}", fontsize=10)
+    return _save(fig, out_dir, name)
 
 
 # -- many-shot -----------------------------------------------------------------------------------------------------
-def manyshot_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[Path]:
+def manyshot_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
     lines = []
     for e in rs.for_model(model):
         p = rs.pick(e, "manyshot", lambda m, r: m.get("accuracy") if isinstance(m.get("accuracy"), dict)
@@ -336,17 +427,17 @@ def manyshot_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[
             pts = sorted((int(k), num(v)) for k, v in p.value.items() if num(v) is not None)
             if pts:
                 lines.append((e, pts, p.row))
-    if not lines:
+    if not lines or not _measurable(rs, model, "manyshot", f"manyshot_{model}", notes):
         return []
+    styles = method_styles(rs, paper)
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    from harness.tables import bootstrap as bs
-
     banded = False
     for e, pts, row in lines:
-        fam = family(rs, e)
-        ln = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=MARKERS[fam], label=e.label,
-                     ls="-" if fam[0] == "exact" else "--")[0]
-        ci = [bs.interval_for(row, ["manyshot_trec"], ["correct", "score"], {"shots": x}, None, y) for x, y in pts]
+        st = _style(styles, e)
+        ln = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=st["marker"], color=st["color"],
+                     label=e.label, ls="-" if family(rs, e)[0] == "exact" else "--")[0]
+        ci = [samples.interval_for(row, ["manyshot_trec"], ["correct", "score"], {"shots": x}, None, y)
+              for x, y in pts]
         if all(c is not None for c in ci):
             ax.fill_between([x for x, _ in pts], [c[0] for c in ci], [c[1] for c in ci], color=ln.get_color(),
                             alpha=0.15, lw=0)
@@ -354,21 +445,29 @@ def manyshot_figure(rs: RowSet, model: str, out_dir: Path, notes: list) -> list[
     ax.set_xscale("log")
     ax.set_xlabel("number of examples in context")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"Many-shot in-context learning, TREC ({model})" +
-                 ("; bands: bootstrap 95%" if banded else "; no bands: per-sample records not available"))
+    ax.set_title(f"Many-shot in-context learning, TREC ({model}); dashed: approximate attention" +
+                 ("; bands: bootstrap 95%" if banded else "; no bands: per-sample records not available"),
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, out_dir, f"manyshot_{model}")
 
 
 # -- PPL vs downstream ---------------------------------------------------------------------------------------------
-def scatter_points(rs: RowSet, model: str) -> dict:
-    """{panel: [(label, family, ppl Est, score Est)]} for the downstream metrics measurable for the model."""
+def scatter_points(rs: RowSet, model: str, notes: list | None = None) -> dict:
+    """{panel: [(label, family, ppl Est, score Est, entry)]} for the downstream metrics measurable for the model;
+    ``notes`` gets what is left out and why."""
+    notes = notes if notes is not None else []
     spec = rs.spec["table1"]
     ents = rs.for_model(model)
-    fl = {k: est.floor(rs, model, k) for k in ("niah", "passkey", "ruler")}
+    what = f"ppl_vs_downstream_{model}"
     has_niah = any(est.lengths_of(rs, e, "niah", "score") for e in ents)
-    needle = "niah" if has_niah and fl["niah"].measurable else ("passkey" if fl["passkey"].measurable else None)
+    if has_niah and est.floor(rs, model, "niah").measurable:
+        needle = "niah"
+    else:  # as Table 1's Needle column: passkey where NIAH is not measurable or was not run
+        needle = "passkey" if _measurable(rs, model, "passkey", f"{what}, Needle panel", notes) else None
+    ruler = _measurable(rs, model, "ruler", f"{what}, RULER panel", notes)
+    longbench = _measurable(rs, model, "longbench", f"{what}, LongBench panel", notes)
     out: dict = {}
     for e in ents:
         ppl = est.at(rs, e, "ppl_pg19", float(spec["PPL"]["at"]))
@@ -380,14 +479,14 @@ def scatter_points(rs: RowSet, model: str) -> dict:
             x = est.pooled([est.at(rs, e, needle, f) for f in est.lengths_of(rs, e, needle, metric)])
             if x is not None:
                 out.setdefault(f"Needle ({'NIAH' if needle == 'niah' else 'passkey'}, x100)", []).append(
-                    (e.label, fam, ppl, _scaled(x, 100)))
-        if fl["ruler"].measurable:
+                    (e.label, fam, ppl, _scaled(x, 100), e))
+        if ruler:
             x = est.at(rs, e, "ruler", float(spec["RULER"]["at"]))
             if x is not None:
-                out.setdefault("RULER at 8C", []).append((e.label, fam, ppl, x))
-        lb = num(rs.pick(e, "longbench", lambda m, r: _task_mean(m)).value)
+                out.setdefault("RULER at 8C", []).append((e.label, fam, ppl, x, e))
+        lb = num(rs.pick(e, "longbench", lambda m, r: _task_mean(m)).value) if longbench else None
         if lb is not None:
-            out.setdefault("LongBench", []).append((e.label, fam, ppl, est.Est(lb)))
+            out.setdefault("LongBench", []).append((e.label, fam, ppl, est.Est(lb), e))
     return out
 
 
@@ -395,60 +494,74 @@ def _scaled(x, k):
     return est.Est(x.value * k, x.lo * k if x.ci else None, x.hi * k if x.ci else None, x.n, x.unit, x.kind)
 
 
-def _repel_labels(ax, pts, fontsize: float = 7):
-    """Short labels beside their points, moved down past any label already placed there (top to bottom), with a
-    leader line when moved, so that no label is printed over another. Offsets are in points: the layout may still
-    move the axes."""
-    fig = ax.figure
+def _bars(ests) -> list[list[float]]:
+    return [[max(0.0, x.value - x.lo) if x.ci else 0 for x in ests],
+            [max(0.0, x.hi - x.value) if x.ci else 0 for x in ests]]
+
+
+def _point(ax, x, y, st: dict, exact: bool, xerr=None, yerr=None) -> None:
+    """One configuration: its colour and marker, filled for exact attention (the methods rho is computed over),
+    hollow for approximate attention."""
+    ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=st["marker"], ms=8 if st is BASE else 7, color=st["color"],
+                ecolor=to_rgba(st["color"], 0.6), elinewidth=0.8, capsize=2, mfc=st["color"] if exact else "white",
+                mec=st["color"], mew=1.3, zorder=3)
+
+
+def _labels(ax, pts: list[tuple[str, float, float]]) -> list:
+    """The short labels at their points, laid out later by ``_place_labels`` (kept out of the layout)."""
+    texts = []
+    for lab, x, y in pts:
+        t = ax.text(x, y, lab, fontsize=7.5, zorder=5,   # over the markers and bars, on a light backing
+                    bbox=dict(boxstyle="square,pad=0.05", fc="white", ec="none", alpha=0.75))
+        t.set_in_layout(False)
+        texts.append(t)
+    return texts
+
+
+def _place_labels(fig, placed: list) -> None:
+    """Fix the layout, then move each axes' labels apart with adjustText (inside the axes, clear of the points and
+    of each other), with a leader line where a label moved away from its point."""
     fig.canvas.draw()
-    k = 72.0 / fig.dpi                      # points per pixel
-    h = 1.25 * fontsize / k                 # label height in pixels
-    placed = []                             # (left, y, width) in pixels
-    for lab, x, y in sorted(pts, key=lambda t: (-t[2], t[1])):
-        px, py = ax.transData.transform((x, y))
-        w = 0.62 * fontsize * len(lab) / k
-        left, ty = px + 5, py
-        for _ in range(80):
-            clash = [q for q in placed if abs(ty - q[1]) < h and left < q[0] + q[2] + 3 and q[0] < left + w + 3]
-            if not clash:
-                break
-            ty = min(q[1] for q in clash) - h
-        placed.append((left, ty, w))
-        moved = abs(ty - py) > 0.6 * h
-        ann = ax.annotate(lab, (x, y), xytext=(5, (ty - py) * k), textcoords="offset points", fontsize=fontsize,
-                          va="center", arrowprops=dict(arrowstyle="-", color="0.55", lw=0.5) if moved else None)
-        ann.set_in_layout(False)
+    fig.set_layout_engine("none")   # the labels are placed for these axes positions: keep them
+    for ax, texts, xs, ys in placed:
+        if not texts:
+            continue
+        # adjustText pushes overlapping texts apart along the line between them, so two labels that start on one
+        # horizontal line stay on it (and stick at the axes' edge): such labels start stacked a line apart
+        seen: list = []
+        for t in texts:
+            px, py = ax.transData.transform(t.get_position())
+            w = t.get_window_extent().width
+            k = sum(1 for qx, qy, qw in seen if abs(py - qy) < 2 and abs(px - qx) < max(w, qw))
+            seen.append((px, py, w))
+            if k:
+                t.set_position(ax.transData.inverted().transform((px, py - 11 * k)))
+        # a fixed number of iterations (adjustText's default is a time limit): the same rows, the same figure
+        adjust_text(texts, x=xs, y=ys, target_x=xs, target_y=ys, ax=ax, expand=(1.2, 1.5), force_text=(0.4, 0.8),
+                    force_static=(0.3, 0.6), iter_lim=2000, prevent_crossings=False, ensure_inside_axes=True,
+                    arrowprops=dict(arrowstyle="-", color="0.45", lw=0.6))
 
 
 def scatter_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
-    pts = scatter_points(rs, model)
+    pts = scatter_points(rs, model, notes)
     if not pts:
-        notes.append(f"ppl_vs_downstream_{model}: no downstream metric is measurable at this scale")
+        notes.append(f"ppl_vs_downstream_{model}: not drawn, no downstream metric is measurable at this scale")
         return []
+    styles = method_styles(rs, paper)
     panels = list(pts)
     pt = paper.table("table1")
     cols = pt["columns"]
     colmap = {"Needle": "Needle", "RULER": "RULER", "LongBench": "LongB"}
-    fig, axes = plt.subplots(2, len(panels), figsize=(6.2 * len(panels), 9.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(2, len(panels), figsize=(6.4 * len(panels), 10), squeeze=False, layout="constrained")
+    placed = []
     for j, k in enumerate(panels):
         ax = axes[0][j]
         d = pts[k]
-        for fam, mk in MARKERS.items():
-            sel = [p for p in d if p[1] == fam]
-            if not sel:
-                continue
-            colr = "C0" if fam[0] == "exact" else "C3"
-            xs = [p[2].value for p in sel]
-            ys = [p[3].value for p in sel]
-            xerr = [[max(0.0, p[2].value - p[2].lo) if p[2].ci else 0 for p in sel],
-                    [max(0.0, p[2].hi - p[2].value) if p[2].ci else 0 for p in sel]]
-            yerr = [[max(0.0, p[3].value - p[3].lo) if p[3].ci else 0 for p in sel],
-                    [max(0.0, p[3].hi - p[3].value) if p[3].ci else 0 for p in sel]]
-            ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt=mk, ms=7, color=colr, ecolor=colr, elinewidth=0.8,
-                        alpha=0.9, capsize=2, mfc="white" if fam[1] == "frozen" else colr,
-                        label=f"{fam[0]} attention, {fam[1]}")
-        ax.margins(x=0.14, y=0.06)
-        _repel_labels(ax, [(p[0], p[2].value, p[3].value) for p in d])
+        for _, fam, ppl, score, e in d:
+            _point(ax, ppl.value, score.value, _style(styles, e), fam[0] == "exact", _bars([ppl]), _bars([score]))
+        ax.margins(x=0.2, y=0.1)
+        xs, ys = [p[2].value for p in d], [p[3].value for p in d]
+        placed.append((ax, _labels(ax, [(p[0], p[2].value, p[3].value) for p in d]), xs, ys))
         ex = [p for p in d if p[1][0] == "exact"]
         rho = stats.spearman_interval([p[2].value for p in ex], [p[3].value for p in ex]) if len(ex) >= 5 else None
         rtxt = (f"Spearman rho (exact methods, n = {len(ex)}) = {rho[0]:.2f} [{rho[1]:.2f}, {rho[2]:.2f}]" if rho
@@ -456,34 +569,42 @@ def scatter_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
         noxci = any(p[2].ci is None for p in d)
         ax.set_title(f"ours ({model}): {k} vs PPL at 8C\n{rtxt}", fontsize=9)
         ax.set_xlabel("PPL on books at 8C" + (" (no x bars: per-document NLL not in these rows)" if noxci else ""),
-                      fontsize=8)
-        ax.set_ylabel(k, fontsize=8)
+                      fontsize=9)
+        ax.set_ylabel(k, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
-        # the paper's Table 1 points
+        # the paper's Table 1 points, in the colours of our configurations of the same methods
         pax = axes[1][j]
         c = colmap.get(k.split(" ")[0])
-        if c in cols:
-            for r in pt["rows"]:
-                fam = (r["attention"], r["training"])
-                v = dict(zip(cols, r["values"]))
-                colr = "C0" if fam[0] == "exact" else "C3"
-                pax.scatter([v["PPL"]], [v[c]], marker=MARKERS[fam], s=50, color=colr,
-                            facecolors="white" if fam[1] == "frozen" else colr, edgecolors=colr)
-            pax.margins(x=0.12, y=0.06)
-            _repel_labels(pax, [(r["label"], dict(zip(cols, r["values"]))["PPL"], dict(zip(cols, r["values"]))[c])
-                                for r in pt["rows"]])
-            exr = [dict(zip(cols, r["values"])) for r in pt["rows"] if r["attention"] == "exact"]
-            rp = stats.spearman([v["PPL"] for v in exr], [v[c] for v in exr])
-            pax.set_title(f"paper, LLaMA2-7B (Table 1): {c} vs PPL at 32k\nSpearman rho (exact, n = {len(exr)}) = "
-                          + (f"{rp:.2f}" if rp is not None else "n/a") + " (no intervals published)", fontsize=9)
-            pax.set_xlabel("PPL on PG19 at 32k", fontsize=8)
-            pax.set_ylabel(c, fontsize=8)
-            pax.grid(alpha=0.3)
-        else:
+        if c not in cols:
             pax.axis("off")
-    _suptitle(fig, f"Perplexity and downstream scores ({model}); bars: 95% intervals")
+            continue
+        prow = [(r, dict(zip(cols, r["values"]))) for r in pt["rows"]]
+        prow = [(r, v) for r, v in prow if isinstance(v["PPL"], (int, float)) and isinstance(v[c], (int, float))]
+        for r, v in prow:
+            _point(pax, v["PPL"], v[c], styles[(r["key"], "")], r["attention"] == "exact")
+        pax.margins(x=0.2, y=0.1)
+        placed.append((pax, _labels(pax, [(r["label"], v["PPL"], v[c]) for r, v in prow]),
+                       [v["PPL"] for _, v in prow], [v[c] for _, v in prow]))
+        exr = [v for r, v in prow if r["attention"] == "exact"]
+        rp = stats.spearman([v["PPL"] for v in exr], [v[c] for v in exr])
+        pax.set_title(f"paper, LLaMA2-7B (Table 1): {c} vs PPL at 32k\nSpearman rho (exact, n = {len(exr)}) = "
+                      + (f"{rp:.2f}" if rp is not None else "n/a") + " (no intervals published)", fontsize=9)
+        pax.set_xlabel("PPL on PG19 at 32k", fontsize=9)
+        pax.set_ylabel(c, fontsize=9)
+        pax.grid(alpha=0.3)
+    dot = dict(ls="", marker="o", ms=7, color="0.35", mew=1.3)
+    handles = [Line2D([], [], label="filled: exact attention (rho is over these)", **dot),
+               Line2D([], [], mfc="white", label="hollow: approximate attention", **dot),
+               Line2D([], [], ls="", marker=BASE["marker"], ms=8, color=BASE["color"], label="the base model")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3 if len(panels) > 1 else 1, fontsize=9,
+               frameon=False)
+    _suptitle(fig, f"Perplexity and downstream scores ({model}); bars: 95% intervals; one colour and marker per "
+              "configuration, as in the other figures")
+    _place_labels(fig, placed)
     return _save(fig, out_dir, f"ppl_vs_downstream_{model}")
+
+
+FIGURES = (passkey_figure, depth_figure, manyshot_figure, nll_figure, scatter_figure)
 
 
 def build_figures(rs: RowSet, paper: Paper, out_dir: str | Path, errors: list | None = None,
@@ -492,11 +613,9 @@ def build_figures(rs: RowSet, paper: Paper, out_dir: str | Path, errors: list | 
     paths = []
     notes = notes if notes is not None else []
     for model in rs.models():
-        for fn, args in ((passkey_figure, (rs, model, out_dir, notes)), (niah_figure, (rs, model, out_dir, notes)),
-                         (manyshot_figure, (rs, model, out_dir, notes)), (nll_figure, (rs, model, out_dir, notes)),
-                         (scatter_figure, (rs, paper, model, out_dir, notes))):
+        for fn in FIGURES:
             try:
-                paths += fn(*args)
+                paths += fn(rs, paper, model, out_dir, notes)
             except Exception as ex:  # noqa: BLE001 - reported, not hidden
                 plt.close("all")
                 msg = f"{fn.__name__}({model}) failed: {type(ex).__name__}: {ex}"

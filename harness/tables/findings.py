@@ -2,28 +2,47 @@
 
 Every finding is one or more **parts**; a part is a 95% interval for a quantity whose sign (or position against a
 stated margin) the paper asserts, e.g. "passkey accuracy of NTK-32K minus that of YaRN (FT), same prompts, > 0".
-The rule (``Part.verdict``, ``verdict``):
+A finding about a group (fine-tuned exact methods vs approximate ones) has the group mean as one part and every
+member pair as a part of its own, so a mean cannot hide a member that goes the other way. The rule
+(``Part.verdict``, ``verdict``):
 
 - a part is ``reproduced`` when its interval lies entirely on the paper's side of the margin (0 for a difference),
-  ``not reproduced`` when it lies entirely on the other side, ``inconclusive`` when it contains the margin, or when
+  ``contradicted`` when it lies entirely on the other side, ``inconclusive`` when it contains the margin, or when
   there is no interval (missing rows, a metric not measurable at this scale, rows without per-sample scores);
-- a finding is ``not reproduced`` when any part is, ``reproduced`` when every part is, else ``inconclusive``
-  (with the reason: "no rows: ...", "not measurable at this scale: ...", "interval includes 0");
+- a finding is ``reproduced`` when every part is, ``mixed`` when some parts are reproduced and others contradicted,
+  ``contradicted`` when some are contradicted and none reproduced, else ``inconclusive`` (with the reason: "no rows:
+  ...", "not measurable at this scale: ...", "interval includes 0");
+- the same rule after Holm's correction over every part of every finding (``correct``): a part keeps its side only
+  when Holm's step-down rejects "the quantity equals the margin" at family-wise 5% (p-values by inverting each
+  part's own interval, ``stats.p_value``), and is inconclusive otherwise;
 - where fine-tuned configurations have rows of several training seeds, every finding is decided once per seed
   (``RowSet.reseeded``: the other seed's rows wherever an entry has them) and keeps its verdict only when every seed
-  gives the same one; otherwise it is ``inconclusive`` ("depends on the training seed"), ``seeded``.
+  gives the same one; otherwise it is ``inconclusive`` ("depends on the training seed"), ``seeded``;
+- every finding is decided a second time with the rows that failed the convergence gate put back
+  (``sensitivity``): a line beside the verdict, never the verdict.
 
 Intervals: paired where the two numbers come from the same prompts / documents (Newcombe's paired interval for
-accuracies, a paired bootstrap over documents for perplexity), unpaired otherwise (Newcombe's hybrid score
-interval; a bootstrap). No correction for multiple comparisons: "best among k" needs every pairwise interval to
-exclude 0. "Needle" is the NIAH score averaged over the evaluated lengths (the paper's Table 1), or passkey accuracy
-where NIAH is not measurable for the model (``estimates.floor``); PPL is the PG19 analogue (``ppl_books``).
+accuracies over hundreds of prompts; for perplexity and NLL, the Student t interval of the mean per-document
+difference over the 8 documents, exponentiated for a PPL ratio: ``stats.SMALL_N``, chosen by the coverage simulation
+in ``tests/test_stats.py``, where the percentile bootstrap undercovers), unpaired otherwise (Newcombe's hybrid score
+interval). A part over few documents is called **fragile** when the BCa bootstrap interval (the other candidate at
+small n) sits on another side of the margin than the t interval. "Needle" is the NIAH score averaged over the
+evaluated lengths (the paper's Table 1), or passkey accuracy where NIAH is not measurable for the model
+(``estimates.floor``); PPL is the PG19 analogue (``ppl_books``).
+
+References follow the paper's protocol: a long-context gain is measured against an in-window reference (the paper
+scores LLaMA2 in 4k chunks; here LM-Infinite, whose attention window is C), a short-context cost against the
+same-data control (the base fine-tuned inside C with the same recipe on the same mixture: the study's mixture is the
+evaluation's own domain, so fine-tuning alone lowers the NLL inside C); each finding states its references
+(``Finding.reference``). Configurations whose per-prompt Needle outcomes are identical at every length are one
+configuration in effect (``Evidence.duplicates``) and are counted once.
 Nothing here is hard-coded but the paper's claims (direction, lengths, methods) and its numbers for comparison.
 """
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,18 +53,25 @@ from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+REPRODUCED, CONTRADICTED, MIXED, INCONCLUSIVE = "reproduced", "contradicted", "mixed", "inconclusive"
+VERDICTS = (REPRODUCED, CONTRADICTED, MIXED, INCONCLUSIVE)
 DEFAULT_MODEL = "tiny_llama"  # the study's model when there are no rows at all
 
 # the paper's method sets (Table 1)
 EXACT_FT = ("pi", "yarn", "clex", "ntk_32k", "ntk_64k")
 APPROX = ("lm_infinite", "self_extend", "longlora", "landmark")
 FT_32K = ("pi", "yarn", "clex", "ntk_32k")   # exact, fine-tuned at 32k (8C)
+WINDOW_REF = "lm_infinite"   # the in-window reference: attention window C, the paper's own C-window method
 TRAIN_F = 8.0     # the paper's 32k = 8C
 LONG_F = 16.0     # its 64k = 16C: beyond the training length
 PPL_FLAT = 1.25   # (f) "keeps PPL flat": PPL at 8C within 25% of its PPL at C
 PPL_CLOSE = 1.10  # (k) "close to the base": PPL at C within 10% of the base's (the paper: PI +3.5%, CLEX +5%)
 RETRIEVE_MARGIN = -0.25  # (i) "retrieves within its window": at C no more than 0.25 below the base
+
+
+def _side(ci, direction: int, margin: float) -> str:
+    s = stats.excludes(ci, margin)
+    return REPRODUCED if s == direction else CONTRADICTED if s == -direction else INCONCLUSIVE
 
 
 @dataclass
@@ -56,36 +82,54 @@ class Part:
     margin: float = 0.0
     why: str = ""                     # why there is no interval: "no rows: ...", "not measurable ...", ...
     decimals: int = 2
-    runs: list = field(default_factory=list)
+    at_level: Callable | None = None  # level -> (value, lo, hi): the same interval at another level (Holm's p-value)
+    alt: tuple | None = None          # the BCa interval beside a t interval over few documents ("fragile")
+    holm: str = ""                    # the part's verdict after Holm's correction (``correct``)
 
     def verdict(self) -> str:
         if self.ci is None or self.why:
             return INCONCLUSIVE
-        s = stats.excludes(self.ci, self.margin)
-        if s == self.direction:
-            return REPRODUCED
-        if s == -self.direction:
-            return NOT_REPRODUCED
-        return INCONCLUSIVE
+        return _side(self.ci, self.direction, self.margin)
 
-    def text(self) -> str:
+    @property
+    def fragile(self) -> bool:
+        """The BCa interval and the t interval disagree about the margin."""
+        return self.alt is not None and self.ci is not None and \
+            _side(self.alt, self.direction, self.margin) != self.verdict()
+
+    def text(self, tag: bool = True) -> str:
         if self.ci is None:
             return f"{self.what}: \u2014 ({self.why})"
-        v, lo, hi = self.ci
         d = self.decimals
         sign = "+" if self.margin == 0 else ""
         side = (">" if self.direction > 0 else "<") + f" {self.margin:g}"
-        return f"{self.what}: {v:{sign}.{d}f} [{lo:{sign}.{d}f}, {hi:{sign}.{d}f}] (paper: {side})"
+        out = f"{self.what}: {_fmt3(self.ci, d, sign)} (paper: {side})"
+        if tag:
+            out += f" \u2192 {self.verdict()}"
+            if self.holm and self.holm != self.verdict():
+                out += f" (Holm: {self.holm})"
+            if self.fragile:
+                out += f"; fragile: BCa [{self.alt[1]:{sign}.{d}f}, {self.alt[2]:{sign}.{d}f}]"
+        return out
 
 
-def verdict(parts: list[Part]) -> tuple[str, str]:
-    """(verdict, reason) of a finding from its parts (the rule in the module docstring)."""
-    vs = [p.verdict() for p in parts]
+def _fmt3(ci, d: int, sign: str) -> str:
+    v, lo, hi = ci
+    return f"{v:{sign}.{d}f} [{lo:{sign}.{d}f}, {hi:{sign}.{d}f}]"
+
+
+def verdict(parts: list[Part], of: Callable = Part.verdict) -> tuple[str, str]:
+    """(verdict, reason) of a finding from its parts (the rule in the module docstring); ``of``: a part's verdict
+    (``Part.verdict``, or its Holm-corrected one)."""
     if not parts:
         return INCONCLUSIVE, "no parts"
-    if NOT_REPRODUCED in vs:
-        bad = [p.what for p, v in zip(parts, vs) if v == NOT_REPRODUCED]
-        return NOT_REPRODUCED, "interval on the other side: " + "; ".join(bad)
+    vs = [of(p) for p in parts]
+    good = [p.what for p, v in zip(parts, vs) if v == REPRODUCED]
+    bad = [p.what for p, v in zip(parts, vs) if v == CONTRADICTED]
+    if good and bad:
+        return MIXED, "reproduced: " + "; ".join(good) + "; contradicted: " + "; ".join(bad)
+    if bad:
+        return CONTRADICTED, "interval on the other side: " + "; ".join(bad)
     if all(v == REPRODUCED for v in vs):
         return REPRODUCED, ""
     missing = [p.why for p in parts if p.why]
@@ -110,13 +154,16 @@ class Finding:
     parts: list = field(default_factory=list)
     result: str = ""
     reason: str = ""
-    not_testable: str = ""           # why this finding (or a part) cannot be tested at this scale
-    # reported beside the parts but never in the verdict: the same quantity against a control row that the paper
-    # does not have (the base model fine-tuned on the same mixture inside C, to tell the method's effect from what
-    # fine-tuning on the study's data does by itself), or for a method the paper did not study (spec.yaml
-    # ``beyond_paper``: a finding about the paper's methods keeps its scope)
+    # why these references (the paper's protocol), printed with the metric
+    reference: str = ""
+    # reported beside the parts but never in the verdict: the same quantity against a reference the paper's protocol
+    # does not use (the frozen base where the same-data control decides), or for a method the paper did not study
+    # (spec.yaml ``beyond_paper``: a finding about the paper's methods keeps its scope)
     controls: list = field(default_factory=list)
+    notes: list = field(default_factory=list)   # statements from the rows beside the parts ((g): where it collapses)
     on_shown_seed: str = ""          # the verdict on the rows shown, before ``seeded`` compared training seeds
+    holm: str = ""                   # the verdict after Holm's correction over every part (``correct``)
+    holm_reason: str = ""
 
     def decide(self):
         self.result, self.reason = verdict(self.parts)
@@ -132,6 +179,7 @@ class Evidence:
         self.entries = rs.for_model(model)
         self.used: dict = {}
         self.needle_source, self.needle_note = self._needle_source()
+        self.duplicates = self._duplicates()
 
     def _needle_source(self):
         fl = est.floor(self.rs, self.model, "niah")
@@ -144,6 +192,35 @@ class Evidence:
         if not fp.measurable:
             return None, f"not measurable at this scale: {fp.reason}"
         return "passkey", why
+
+    def _duplicates(self) -> dict:
+        """{label: (label of the configuration it duplicates, n prompts)} for entries whose per-prompt Needle outcomes
+        are identical, prompt by prompt, at every length they were evaluated at, and vary between prompts at one
+        length at least (all right or all wrong at each length says nothing about identity): one configuration in
+        effect, whatever the method names (LM-Infinite and StreamingLLM with a local window of C). The one kept: a
+        method the paper studied, then the first run."""
+        src = self.needle_source
+        if src is None:
+            return {}
+        metric = "score" if src == "niah" else "accuracy"
+        same: dict = {}
+        for e in self.entries:
+            fs = est.lengths_of(self.rs, e, src, metric)
+            xs = [est.at(self.rs, e, src, f) for f in fs]
+            if not xs or any(x is None or x.samples is None or not x.paired for x in xs):
+                continue
+            if all(len(set(x.samples)) < 2 for x in xs):   # the same outcome on every prompt of each length
+                continue
+            same.setdefault(tuple((f, tuple(x.samples)) for f, x in zip(fs, xs)), []).append(e)
+        out = {}
+        for outcomes, group in same.items():
+            keep = min(group, key=lambda e: (self.beyond_paper(e), str(e.rows[-1].get("time_start") or "")))
+            out.update({e.label: (keep.label, sum(len(x) for _, x in outcomes)) for e in group if e is not keep})
+        return out
+
+    def counted(self, e: Entry) -> bool:
+        """False for a duplicate configuration (``duplicates``): it is counted once, as the one it duplicates."""
+        return e.label not in self.duplicates
 
     def beyond_paper(self, e: Entry) -> bool:
         """A method the paper did not study (``beyond_paper: true`` in ``spec.yaml``): never in a finding's parts,
@@ -187,15 +264,15 @@ def _label(e: Entry | None, key: str) -> str:
     return e.label if e is not None else key
 
 
-def prop_diff(a, b) -> tuple | None:
+def prop_diff(a, b, level: float = stats.LEVEL) -> tuple | None:
     """(mean a - mean b, lo, hi) for two Est of the same kind: Newcombe (paired when both are) for 0/1 scores,
     a bootstrap otherwise."""
     if a is None or b is None or a.samples is None or b.samples is None:
         return None
     paired = a.paired and b.paired and len(a.samples) == len(b.samples) and a.keys == b.keys
     if stats.is_binary(a.samples) and stats.is_binary(b.samples):
-        return stats.newcombe_diff(a.samples, b.samples, paired)
-    return stats.bootstrap_diff(a.samples, b.samples, paired)
+        return stats.newcombe_diff(a.samples, b.samples, paired, stats.z_for(level))
+    return stats.bootstrap_diff(a.samples, b.samples, paired, level=level)
 
 
 def _why_est(x, what: str) -> str:
@@ -209,7 +286,15 @@ def _why_est(x, what: str) -> str:
 def _part_prop(what: str, a, b, na: str, nb: str, direction: int = 1) -> Part:
     why = _why_est(a, na) or _why_est(b, nb)
     d = None if why else prop_diff(a, b)
-    return Part(what, d, direction, 0.0, why if d is None and why else ("" if d else "no interval"))
+    return Part(what, d, direction, 0.0, why if d is None and why else ("" if d else "no interval"),
+                at_level=(lambda lv: prop_diff(a, b, lv)) if d else None)
+
+
+def _members(ev: Evidence, left: list, right: list) -> list[Part]:
+    """Needle of every member of ``left`` minus every member of ``right`` (entries with rows), same prompts: the
+    member pairs behind a group mean, so that the mean cannot hide a member that goes the other way."""
+    return [_part_prop(f"{a.label} - {b.label}, Needle", ev.needle(a), ev.needle(b), a.label, b.label)
+            for a in left if a is not None for b in right if b is not None]
 
 
 def _group(xs: list, names: list[str]):
@@ -226,21 +311,22 @@ def _group(xs: list, names: list[str]):
     return pooled, ""
 
 
-def _ppl_part(what: str, a, b, direction: int, ratio: bool = False, margin: float | None = None,
-              missing: str = "") -> Part:
-    """PPL of a minus (``ratio``: over) PPL of b, the same documents resampled jointly."""
-    m = margin if margin is not None else (1.0 if ratio else 0.0)
-    dec = 3 if ratio else 2
+def _ppl_part(what: str, a, b, direction: int, margin: float = 1.0, missing: str = "") -> Part:
+    """PPL of a over PPL of b, the same documents: the t interval of the mean per-document NLL difference,
+    exponentiated, with the BCa interval beside it."""
     if missing or a is None or b is None:
-        return Part(what, None, direction, m, missing or f"no rows: {what}", dec)
+        return Part(what, None, direction, margin, missing or f"no rows: {what}", 3)
     if a.samples is None or b.samples is None:
         n = a.n or b.n
-        return Part(what, None, direction, m, "no interval: per-document NLL not in the rows"
-                    + (f" (n = {n} documents)" if n else ""), dec)
+        return Part(what, None, direction, margin, "no interval: per-document NLL not in the rows"
+                    + (f" (n = {n} documents)" if n else ""), 3)
     if len(a.samples) != len(b.samples):
-        return Part(what, None, direction, m, "no interval: the two rows scored different documents", dec)
-    ci = stats.ppl_ratio(a.samples, b.samples) if ratio else stats.ppl_diff(a.samples, b.samples)
-    return Part(what, ci, direction, m, "" if ci else f"no interval: fewer than {stats.MIN_DOCS} documents", dec)
+        return Part(what, None, direction, margin, "no interval: the two rows scored different documents", 3)
+    ci = stats.ppl_ratio(a.samples, b.samples)
+    if ci is None:
+        return Part(what, None, direction, margin, f"no interval: fewer than {stats.MIN_DOCS} documents", 3)
+    return Part(what, ci, direction, margin, "", 3, lambda lv: stats.ppl_ratio(a.samples, b.samples, level=lv),
+                stats.ppl_ratio(a.samples, b.samples, "bca"))
 
 
 def _missing(**entries) -> str:
@@ -256,7 +342,8 @@ def _needle_missing(ev: Evidence) -> str:
 def f_a(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("a", "Fine-tuned exact attention beats approximate attention (Table 1)",
                 "Needle (pooled over C..16C): mean of the fine-tuned exact methods (PI, YaRN, CLEX, NTK-32K, NTK-64K) "
-                "minus mean of the approximate ones (LM-Infinite, Self-Extend, LongLoRA, Landmark)",
+                "minus mean of the approximate ones (LM-Infinite, Self-Extend, LongLoRA, Landmark); and every "
+                "exact member minus every approximate member, same prompts",
                 _paper_groups(paper, "Needle"))
     if _needle_missing(ev):
         f.parts = [Part("exact FT - approximate, Needle", why=_needle_missing(ev))]
@@ -268,8 +355,8 @@ def f_a(ev: Evidence, paper: Paper) -> Finding:
     missing = [k for e, k in ex + ap if e is None]
     p = _part_prop("exact FT - approximate, Needle", a, b, "exact FT", "approximate")
     if wa or wb:
-        p.ci, p.why = None, wa or wb
-    f.parts = [p]
+        p.ci, p.why, p.at_level = None, wa or wb, None
+    f.parts = [p] + _members(ev, [e for e, _ in ex], [e for e, _ in ap])
     f.decide()
     if missing and not f.reason.startswith("no rows"):
         f.reason = (f.reason + "; " if f.reason else "") + \
@@ -310,11 +397,11 @@ def f_b(ev: Evidence, paper: Paper) -> Finding:
 
 def f_c(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("c", "PI and YaRN degrade beyond their training length",
-                "PPL (books) at 16C minus PPL at 8C, same documents, for PI and YaRN fine-tuned at 8C",
+                "PPL (books) at 16C / PPL at 8C, same documents, for PI and YaRN fine-tuned at 8C (degrades: > 1)",
                 "Table 2 PG19: PI 5.95 at 32k, '-' at 64k; YaRN 5.93 at 32k, '-' at 64k (Proof-pile 2.59 -> 106.38)")
     for k in ("pi", "yarn"):
         e = ev.entry(k, False)
-        f.parts.append(_ppl_part(f"{_label(e, k)}: PPL 16C - PPL 8C", ev.at(e, "ppl_pg19", LONG_F) if e else None,
+        f.parts.append(_ppl_part(f"{_label(e, k)}: PPL 16C / PPL 8C", ev.at(e, "ppl_pg19", LONG_F) if e else None,
                                  ev.at(e, "ppl_pg19", TRAIN_F) if e else None, +1,
                                  missing=_missing(**{f"{k} (fine-tuned)": e})))
     return f.decide()
@@ -336,7 +423,7 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
     for e in ev.entries:
         if (ev.rs.spec.get("methods") or {}).get(e.method, {}).get("attention", "exact") != "exact":
             continue
-        if (e.method == "base" and not e.frozen) or ev.beyond_paper(e):   # controls, not the paper's methods
+        if (e.method == "base" and not e.frozen) or ev.beyond_paper(e) or not ev.counted(e):  # controls, duplicates
             continue
         p = est.at(ev.rs, e, "ppl_pg19", TRAIN_F)
         n = ev.needle(e)
@@ -349,7 +436,8 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
     ci = stats.spearman_interval(xs, ys) if len(xs) >= 5 else None
     why = "" if ci else (f"no rows: {len(xs)} exact-attention configurations with PPL at 8C and Needle (need 5)"
                          if len(xs) < 5 else "no interval: constant ranks")
-    f.parts = [Part(f"Spearman(PPL 8C, Needle), n = {len(xs)}", ci, -1, 0.0, why)]
+    f.parts = [Part(f"Spearman(PPL 8C, Needle), n = {len(xs)}", ci, -1, 0.0, why,
+                    at_level=(lambda lv: stats.spearman_interval(xs, ys, level=lv)) if ci else None)]
     return f.decide()
 
 
@@ -363,7 +451,7 @@ def f_e(ev: Evidence, paper: Paper) -> Finding:
     if _needle_missing(ev):
         f.parts = [Part("Self-Extend - others", why=_needle_missing(ev))]
         return f.decide()
-    others = [e for e in ev.entries if e.frozen and e is not se]
+    others = [e for e in ev.entries if e.frozen and e is not se and ev.counted(e)]
     if se is None:
         f.parts = [Part("Self-Extend - others, Needle", why="no rows: self_extend (frozen)")]
         return f.decide()
@@ -388,7 +476,7 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
         f.parts = [Part("LM-Infinite", why="no rows: lm_infinite (frozen)")]
         return f.decide()
     f.parts.append(_ppl_part("LM-Infinite: PPL 8C / PPL C", ev.at(e, "ppl_pg19", TRAIN_F), ev.at(e, "ppl_pg19", 1.0),
-                             -1, ratio=True, margin=PPL_FLAT))
+                             -1, PPL_FLAT))
     src = ev.needle_source
     if src is None:
         f.parts.append(Part("retrieval C - beyond", why=ev.needle_note))
@@ -405,8 +493,8 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
 
 def f_g(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("g", "NTK-frozen generalises only to about 2x its window",
-                "Needle at 2C: NTK-F minus the base (generalises to 2C); NTK-F at 2C minus NTK-F at 4C..16C pooled "
-                "(fails beyond)",
+                "Needle at 2C: NTK-F minus the base (generalises to 2C); NTK-F at 2C minus NTK-F at 4C, the next "
+                "length (fails beyond); beside: NTK-F minus the base at every length and where its score drops most",
                 "Sec. 6: NTK-F generalises up to 8k (2x) but fails to extend further; Table 3: 44.45 at 8k, 14.79 at "
                 "16k, 0.72 at 32k")
     src = ev.needle_source
@@ -417,22 +505,47 @@ def f_g(ev: Evidence, paper: Paper) -> Finding:
     metric = "score" if src == "niah" else "accuracy"
     f.parts.append(_part_prop(f"NTK-F - {_label(base, 'base')} at 2C, {src}", ev.at(e, src, 2.0) if e else None,
                               ev.at(base, src, 2.0) if base else None, "ntk_frozen at 2C", "base at 2C"))
-    far = est.pooled([ev.at(e, src, x) for x in est.lengths_of(ev.rs, e, src, metric) if x >= 4]) if e else None
-    if far is not None:
-        far.paired = False
-    f.parts.append(_part_prop(f"NTK-F at 2C - at 4C..16C, {src}", ev.at(e, src, 2.0) if e else None, far,
-                              "ntk_frozen at 2C", "ntk_frozen at 4C..16C"))
+    f.parts.append(_part_prop(f"NTK-F at 2C - at 4C, {src}", ev.at(e, src, 2.0) if e else None,
+                              ev.at(e, src, 4.0) if e else None, "ntk_frozen at 2C", "ntk_frozen at 4C"))
+    if e is not None and base is not None:
+        f.notes += _reach(ev, e, base, src, [x for x in est.lengths_of(ev.rs, e, src, metric) if x >= 1])
     return f.decide()
+
+
+def _reach(ev: Evidence, e: Entry, base: Entry, src: str, fs: list[float]) -> list[str]:
+    """Where ``e`` stops beating ``base`` (the longest run of lengths beyond C, from the first on, where its difference,
+    same prompts, excludes 0 on the positive side) and between which two evaluated lengths its own score drops most."""
+    xs = {x: ev.at(e, src, x) for x in fs}
+    diffs = {x: prop_diff(xs[x], ev.at(base, src, x)) for x in fs}
+    shown = [f"{x:g}C {d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}]" for x, d in diffs.items() if d is not None]
+    out = [f"{e.label} - {base.label}, {src}, by length: " + ", ".join(shown)] if shown else []
+    reach = None
+    for x in [x for x in fs if x > 1]:
+        if diffs[x] is None or stats.excludes(diffs[x]) != 1:
+            break
+        reach = x
+    steps = [(a, b, prop_diff(xs[b], xs[a])) for a, b in zip(fs, fs[1:])
+             if xs[a] is not None and xs[b] is not None]
+    steps = [t for t in steps if t[2] is not None]
+    if reach is not None:
+        out.append(f"{e.label} beats {base.label} at every length beyond C up to {reach:g}C (the interval excludes "
+                   "0 at each)")
+    if steps:
+        a, b, d = min(steps, key=lambda t: t[2][0])
+        out.append(f"its largest drop: {a:g}C \u2192 {b:g}C, {xs[a].value:.2f} \u2192 {xs[b].value:.2f} "
+                   f"({d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}])")
+    return out
 
 
 def f_h(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("h", "LongLoRA trails exact fine-tuning",
-                "PPL (books) at 8C: LongLoRA minus each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C), same documents",
+                "PPL (books) at 8C: LongLoRA over each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C), same documents "
+                "(trails: > 1)",
                 "Table 2 PG19 at 32k: LongLoRA 9.89 vs PI 5.95, YaRN 5.93, CLEX 5.82, NTK-32K 5.79")
     ll = ev.entry("longlora")
     for k in FT_32K:
         o = ev.entry(k, False)
-        f.parts.append(_ppl_part(f"LongLoRA - {_label(o, k)}, PPL 8C", ev.at(ll, "ppl_pg19", TRAIN_F) if ll else None,
+        f.parts.append(_ppl_part(f"LongLoRA / {_label(o, k)}, PPL 8C", ev.at(ll, "ppl_pg19", TRAIN_F) if ll else None,
                                  ev.at(o, "ppl_pg19", TRAIN_F) if o else None, +1,
                                  missing=_missing(longlora=ll, **{k: o})))
     return f.decide()
@@ -442,7 +555,7 @@ def f_i(ev: Evidence, paper: Paper) -> Finding:
     t1 = {r["key"]: r["values"] for r in paper.table("table1")["rows"]}
     f = Finding("i", "Landmark retrieves within its local window but trails exact methods",
                 f"Needle at C: Landmark minus the base (retrieves: > {RETRIEVE_MARGIN}); Needle pooled over C..16C: "
-                "fine-tuned exact methods minus Landmark",
+                "fine-tuned exact methods minus Landmark, and each of them minus Landmark",
                 f"Sec. 5.2: Landmark excels only within the local window; Table 1 Needle: Landmark {t1['landmark'][1]}"
                 f" vs exact FT mean {np.mean([t1[k][1] for k in EXACT_FT]):.1f}")
     src = ev.needle_source
@@ -458,8 +571,9 @@ def f_i(ev: Evidence, paper: Paper) -> Finding:
     g, w = _group([ev.needle(e) if e else None for e, _ in ex], [k for e, k in ex])
     q = _part_prop("exact FT - Landmark, Needle", g, ev.needle(lm) if lm else None, "exact FT", "landmark")
     if w:
-        q.ci, q.why = None, w
+        q.ci, q.why, q.at_level = None, w, None
     f.parts.append(q)
+    f.parts += _members(ev, [e for e, _ in ex], [lm])
     return f.decide()
 
 
@@ -481,44 +595,53 @@ def f_j(ev: Evidence, paper: Paper) -> Finding:
     return f.decide()
 
 
+SAME_DATA = ("short-context cost against the same-data control: the base fine-tuned inside C with the same recipe "
+             "on the same mixture. The paper's fine-tuning data is not its evaluation's domain; here the mixture "
+             "is, so fine-tuning alone lowers the NLL inside C, and against the frozen base (shown beside, not in "
+             "the verdict) that gain would be credited to the extension")
+IN_WINDOW = ("long-context gain against an in-window reference: LM-Infinite (frozen, attention window C) on the "
+             "same documents, as the paper scores LLaMA2 in 4k chunks (the frozen base on a full 16C window is out of "
+             "its window: shown beside, not in the verdict); over C..8C, the length the models were fine-tuned to "
+             "(beyond it is (c)'s extrapolation)")
+CONTROL = "base fine-tuned at C (the same-data control)"
+
+
 def f_k(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("k", "Exact methods fine-tuned at 32k stay close to the base inside the window",
-                f"PPL (books) at C of each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C) / the base's, same documents "
-                f"(close: < {PPL_CLOSE})",
-                "Table 2 PG19 at 4k: base 6.30; PI 6.52 (x1.035), NTK-32K 6.32, YaRN 6.39, CLEX 6.62 (x1.05)")
-    base = ev.entry("base", True)
+                f"PPL (books) at C of each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C) / the same-data control's, "
+                f"same documents (close: < {PPL_CLOSE})",
+                "Table 2 PG19 at 4k: base 6.30; PI 6.52 (x1.035), NTK-32K 6.32, YaRN 6.39, CLEX 6.62 (x1.05)",
+                reference=SAME_DATA)
+    ctrl, base = ev.entry("base", False), ev.entry("base", True)
     for k in FT_32K:
         e = ev.entry(k, False)
-        f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(base, 'base')}, PPL at C",
+        f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(ctrl, 'base (FT)')}, PPL at C",
                                  ev.at(e, "ppl_pg19", 1.0) if e else None,
-                                 ev.at(base, "ppl_pg19", 1.0) if base else None, -1, ratio=True, margin=PPL_CLOSE,
-                                 missing=_missing(**{k: e}, base=base)))
+                                 ev.at(ctrl, "ppl_pg19", 1.0) if ctrl else None, -1, PPL_CLOSE,
+                                 missing=_missing(**{k: e, CONTROL: ctrl})))
+        if e is not None and base is not None:
+            f.controls.append(_ppl_part(f"{e.label} / {base.label} (frozen), PPL at C", ev.at(e, "ppl_pg19", 1.0),
+                                        ev.at(base, "ppl_pg19", 1.0), -1, PPL_CLOSE))
     return f.decide()
 
 
 def f_l(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("l", "Extension hurts very short contexts and helps long ones (NLL by position, Fig. 3)",
-                "Mean NLL per token, same documents, YaRN (FT) and NTK-32K minus the base: over positions 1..C "
-                "(hurts: > 0) and over positions C..16C (helps: < 0)",
+                "Mean NLL per token, same documents, YaRN (FT) and NTK-32K minus a reference: over positions 1..C "
+                "minus the same-data control (hurts: > 0), over positions C..8C minus LM-Infinite (helps: < 0)",
                 "Fig. 3 / Sec. 6: up to 4k LLaMA2 has the best NLL; beyond, YaRN and NTK use the long context "
-                "(NTK stays strong at the longest positions)")
-    base = ev.entry("base", True)
+                "(NTK stays strong at the longest positions)",
+                reference=SAME_DATA + "; " + IN_WINDOW)
+    ctrl, win, base = ev.entry("base", False), ev.entry(WINDOW_REF, True), ev.entry("base", True)
     for k in ("yarn", "ntk_32k"):
         e = ev.entry(k, False)
-        if e is None or base is None:
-            why = "no rows: " + ", ".join(x for x, y in ((k, e), ("base", base)) if y is None)
-            f.parts += [Part(f"{k} - base, NLL 1..C", why=why), Part(f"{k} - base, NLL C..16C", why=why)]
-            continue
-        f.parts += [_nll_part(ev, e, base, 0, 1, +1, "1..C"), _nll_part(ev, e, base, 1, 1e9, -1, "C..16C")]
-    # control: the base fine-tuned with the same recipe on the same mixture inside its window (``tiny_study/
-    # base_ft``). Here, unlike the paper, the fine-tuning mixture is the evaluation's own domain, so fine-tuning
-    # lowers the NLL inside C by itself; against this row, "hurts very short contexts" is the extension's own cost.
-    ctrl = ev.entry("base", False)
-    if ctrl is not None:
-        for k in ("yarn", "ntk_32k"):
-            e = ev.entry(k, False)
-            if e is not None:
-                f.controls.append(_nll_part(ev, e, ctrl, 0, 1, +1, "1..C"))
+        lab = _label(e, k)
+        f.parts.append(_nll_part(ev, e, ctrl, 0, 1, +1, "1..C") if e and ctrl else
+                       Part(f"{lab} - {_label(ctrl, 'base (FT)')}, NLL 1..C", why=_missing(**{k: e, CONTROL: ctrl})))
+        f.parts.append(_nll_part(ev, e, win, 1, TRAIN_F, -1, "C..8C") if e and win else
+                       Part(f"{lab} - {_label(win, WINDOW_REF)}, NLL C..8C", why=_missing(**{k: e, WINDOW_REF: win})))
+        if e is not None and base is not None:   # the references the paper's protocol does not use
+            f.controls += [_nll_part(ev, e, base, 0, 1, +1, "1..C"), _nll_part(ev, e, base, 1, 1e9, -1, "C..16C")]
     return f.decide()
 
 
@@ -527,29 +650,33 @@ def f_m(ev: Evidence, paper: Paper) -> Finding:
                 "PPL at 8C of each of PI, YaRN, CLEX, NTK-32K (fine-tuned at 8C) / LM-Infinite's (frozen, attention "
                 "window C), same documents (better: < 1), on books (PG19) and on code (Proof-pile)",
                 "Table 2 at 32k, PG19: PI 5.95, YaRN 5.93, CLEX 5.82, NTK-32K 5.79 vs LM-Infinite 6.71; Proof-pile: "
-                "2.58, 2.59, 2.55, 2.54 vs 3.11 (\"both gave nearly consistent conclusions\")")
-    lmi = ev.entry("lm_infinite", True)
+                "2.58, 2.59, 2.55, 2.54 vs 3.11 (\"both gave nearly consistent conclusions\")",
+                reference="the paper's own reference: LM-Infinite, in its window C by construction")
+    lmi = ev.entry(WINDOW_REF, True)
     for src, corpus in (("ppl_pg19", "books"), ("ppl_proofpile", "code")):
         for k in FT_32K:
             e = ev.entry(k, False)
-            f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(lmi, 'lm_infinite')}, PPL 8C ({corpus})",
+            f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(lmi, WINDOW_REF)}, PPL 8C ({corpus})",
                                      ev.at(e, src, TRAIN_F) if e else None,
-                                     ev.at(lmi, src, TRAIN_F) if lmi else None, -1, ratio=True,
-                                     missing=_missing(**{k: e}, lm_infinite=lmi)))
+                                     ev.at(lmi, src, TRAIN_F) if lmi else None, -1,
+                                     missing=_missing(**{k: e, WINDOW_REF: lmi})))
     return f.decide()
 
 
-def _nll_part(ev: Evidence, e: Entry, ref: Entry, lo_f: float, hi_f: float, d: int, tag: str) -> Part:
-    """Paired per-document difference of mean NLL over positions (lo_f C, hi_f C], ``e`` minus ``ref``."""
+def _nll_part(ev: Evidence, e: Entry, ref: Entry, lo_f: float, hi_f: float, direction: int, tag: str) -> Part:
+    """Per-document difference of mean NLL over positions (lo_f C, hi_f C], ``e`` minus ``ref``, the same documents:
+    the t interval of its mean, the BCa interval beside it."""
     what = f"{e.label} - {ref.label}, NLL {tag}"
     (en, ec), ewhy = ev.nll(e)
     (rn, rc), rwhy = ev.nll(ref)
     if rwhy or ewhy:
-        return Part(what, None, d, 0.0, "no interval: " + (rwhy or ewhy))
+        return Part(what, None, direction, 0.0, "no interval: " + (rwhy or ewhy))
     a, b = _nll_range(en, ec, lo_f, hi_f), _nll_range(rn, rc, lo_f, hi_f)
-    if a is None or b is None or len(a) != len(b) or len(a) < 3:
-        return Part(what, None, d, 0.0, "no interval: documents differ or fewer than 3")
-    return Part(what, stats.bootstrap_diff(a, b, paired=True), d, 0.0, decimals=3)
+    if a is None or b is None or len(a) != len(b) or len(a) < stats.MIN_DOCS:
+        return Part(what, None, direction, 0.0, f"no interval: documents differ or fewer than {stats.MIN_DOCS}")
+    diff = np.asarray(a) - np.asarray(b)
+    return Part(what, stats.mean_interval(diff), direction, 0.0, "", 3,
+                lambda lv: stats.mean_interval(diff, level=lv), stats.mean_interval(diff, "bca"))
 
 
 def _nll_range(m: dict, c: int, lo_f: float, hi_f: float):
@@ -570,17 +697,31 @@ FINDINGS = (f_a, f_b, f_c, f_d, f_e, f_f, f_g, f_h, f_i, f_j, f_k, f_l, f_m)
 def evaluate(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence]:
     paper = paper or Paper()
     ev = Evidence(rs, model)
-    return [fn(ev, paper) for fn in FINDINGS], ev
+    return correct([fn(ev, paper) for fn in FINDINGS]), ev
+
+
+def correct(fs: list[Finding]) -> list[Finding]:
+    """Holm's correction over every part (with an interval) of every finding: a part keeps its side only when Holm's
+    step-down rejects "quantity = margin" at family-wise 5%; each finding's ``holm`` verdict follows by the same
+    rule. A part without an interval is no test and stays inconclusive."""
+    tested = [p for f in fs for p in f.parts if p.at_level is not None and p.ci is not None and not p.why]
+    pv = [stats.p_value(p.at_level, p.margin) for p in tested]
+    for p, keep in zip(tested, stats.holm([1.0 if v is None else v for v in pv])):
+        p.holm = p.verdict() if keep else INCONCLUSIVE
+    for f in fs:
+        f.holm, f.holm_reason = verdict(f.parts, lambda p: p.holm or INCONCLUSIVE)
+    return fs
 
 
 def seeded(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence, dict]:
-    """``evaluate`` on the rows shown, then on each other training seed; a finding whose verdict differs between
-    seeds becomes inconclusive. Returns (findings, evidence of the shown seed, {seed: that seed's verdicts})."""
+    """``evaluate`` on the rows shown, then on each other training seed; a finding whose verdict (raw, or after
+    Holm's correction) differs between seeds becomes inconclusive. Returns (findings, evidence of the shown seed,
+    {seed: that seed's raw verdicts})."""
     fs, ev = evaluate(rs, model, paper)
-    per_seed = {}
+    per_seed, holm_seed = {}, {}
     for s in rs.other_seeds(model):
         other, ev_s = evaluate(rs.reseeded(s), model, paper)
-        per_seed[s] = [f.result for f in other]
+        per_seed[s], holm_seed[s] = [f.result for f in other], [f.holm for f in other]
         for rid, lab in ev_s.used.items():
             ev.used.setdefault(rid, f"{lab}, seed {s}")
     for i, f in enumerate(fs):
@@ -591,7 +732,16 @@ def seeded(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Fin
             f.reason = ("depends on the training seed: " + "; ".join(
                 [f"seed {shown}: {f.result}"] + [f"seed {s}: {v}" for s, v in got.items()]))
             f.result = INCONCLUSIVE
+        if any(v[i] != f.holm for v in holm_seed.values()):
+            f.holm, f.holm_reason = INCONCLUSIVE, "depends on the training seed"
     return fs, ev, per_seed
+
+
+def sensitivity(rs: RowSet, model: str, paper: Paper | None = None) -> list[str]:
+    """Every finding's verdict (``seeded``) with the rows that failed the convergence gate put back: the gate
+    measures the fine-tuned model itself, so a verdict that changes here rests on which rows the gate let in."""
+    fs, _, _ = seeded(RowSet(rs.all_rows, rs.spec, gate=False), model, paper)
+    return [f.result for f in fs]
 
 
 def _shown_seed(rs: RowSet, model: str) -> str:
@@ -620,7 +770,7 @@ def seed_differences(rs: RowSet, model: str) -> list[str]:
                              f"[{d[1]:+.2f}, {d[2]:+.2f}], n={len(x.samples)})")
             for f in (1.0, TRAIN_F):
                 x, y = est.at(rs, b, "ppl_pg19", f), est.at(rs, a, "ppl_pg19", f)
-                p = _ppl_part("", x, y, 1, ratio=True)
+                p = _ppl_part("", x, y, 1)
                 cells.append("—" if p.ci is None else f"x{p.ci[0]:.3f} [{p.ci[1]:.3f}, {p.ci[2]:.3f}] "
                              f"(n={len(x.samples)} docs)")
             runs = ", ".join(f"`{r.get('run_id')}`" for r in (a.rows[:1] + b.rows[:1]))
@@ -650,13 +800,20 @@ def _md(s: str) -> str:
     return str(s).replace("|", "\\|")
 
 
+def count_line(fs: list[Finding], attr: str = "result") -> str:
+    """'2 reproduced, 1 contradicted, 3 mixed, 7 inconclusive': the verdict counts as the report states them."""
+    return ", ".join(f"{sum(getattr(f, attr) == v for f in fs)} {v}" for v in VERDICTS)
+
+
 def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, source: str = "results/runs/") -> str:
     model = model or study_model(rs) or DEFAULT_MODEL   # no rows: every finding "inconclusive (no rows: ...)"
     fs, ev, per_seed = seeded(rs, model, paper)
-    counts = {v: sum(f.result == v for f in fs) for v in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)}
+    gate_off = sensitivity(rs, model, paper)
+    n_gated = sum(1 for r in rs.unconverged if r.get("model") == model)
     c = None
     for e in ev.entries:
         c = c or e.native_ctx
+    n_parts = sum(1 for f in fs for p in f.parts if p.holm)
     out = ["# Findings of the controlled study, tested on our rows",
            "",
            f"Generated by `make findings` (`harness/tables/findings.py`) from the rows in `{source}` only; "
@@ -664,25 +821,42 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            "",
            f"Model: **{model}** (" + (f"native window C = {c} tokens" if c else "no rows yet") +
            "; the paper's 4k = C, 32k = 8C, 64k = 16C). "
-           f"{counts[REPRODUCED]} reproduced, {counts[NOT_REPRODUCED]} not reproduced, {counts[INCONCLUSIVE]} "
-           "inconclusive.",
+           f"Verdicts: {count_line(fs)}. After Holm's correction over all {n_parts} tested parts: "
+           f"{count_line(fs, 'holm')}.",
            "",
-           "**Verdict rule** (code: `Part.verdict`, `verdict`): each finding is one or more quantities with a 95% "
-           "interval; a quantity is *reproduced* when its interval lies entirely on the paper's side of the stated "
-           "margin (0 for a difference), *not reproduced* when entirely on the other side, *inconclusive* when it "
-           "contains the margin or has no interval. A finding is not reproduced if any part is, reproduced if every "
-           "part is, inconclusive otherwise. Differences are paired (same prompts / documents) where the rows keep "
-           "per-sample scores: Newcombe's interval for accuracies, a bootstrap over documents for perplexity. No "
-           "multiple-comparison correction.",
+           "**Verdict rule** (code: `Part.verdict`, `verdict`): each finding is one or more quantities (parts) with a "
+           "95% interval; a part is *reproduced* when its interval lies entirely on the paper's side of the stated "
+           "margin (0 for a difference), *contradicted* when entirely on the other side, *inconclusive* when it "
+           "contains the margin or has no interval. A finding is *reproduced* if every part is, *mixed* if some "
+           "parts are reproduced and others contradicted, *contradicted* if some are contradicted and none "
+           "reproduced, *inconclusive* otherwise. A group comparison lists every member pair as a part of its own. "
+           "*Holm*: the same rule after Holm's step-down correction over every tested part of every finding "
+           "(family-wise 5%; each part's p-value inverts its own interval). Differences are paired (same prompts / "
+           "documents) where the rows keep per-sample scores: Newcombe's interval for accuracies; for perplexity "
+           "and NLL over 8 documents, the Student t interval of the mean per-document difference (exponentiated for "
+           "a PPL ratio), chosen by the coverage simulation in `tests/test_stats.py` (the percentile bootstrap "
+           "undercovers at n = 8). *fragile*: the BCa bootstrap interval falls on another side of the margin than "
+           "the t interval. A verdict that differs between training seeds is inconclusive. *with gate-failed rows*: "
+           f"the verdict with the {n_gated} rows that failed the convergence gate put back (a sensitivity line, "
+           "never the verdict).",
            ""]
     if ev.needle_note:
         out += [f"Needle: {ev.needle_note}.", ""]
-    out += ["| finding | metric and lengths | ours (95% CI) | paper | verdict |", "|:--|:--|:--|:--|:--|"]
-    for f in fs:
-        ours = "<br>".join([_md(p.text()) for p in f.parts] +
-                           [_md("not in the verdict: " + p.text()) for p in f.controls])
+    out += ["| finding | metric, lengths, references | ours (95% CI) \u2192 part verdict | paper | verdict |",
+            "|:--|:--|:--|:--|:--|"]
+    for f, off in zip(fs, gate_off):
+        ours = "<br>".join([_md(p.text()) for p in f.parts] + [_md("beside: " + n) for n in f.notes] +
+                           [_md("not in the verdict: " + p.text(tag=False)) for p in f.controls])
         v = f"**{f.result}**" + (f" ({_md(f.reason + _gated(rs, model, f.reason))})" if f.reason else "")
-        out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.metric)} | {ours} | {_md(f.paper)} | {v} |")
+        v += f"<br>Holm: {f.holm}" + f"<br>with gate-failed rows: {off}"
+        metric = f.metric + (f". References: {f.reference}" if f.reference else "")
+        out.append(f"| ({f.key}) {_md(f.claim)} | {_md(metric)} | {ours} | {_md(f.paper)} | {v} |")
+    if ev.duplicates:
+        out += ["", "## Duplicate configurations", "",
+                "Configurations with identical per-prompt Needle outcomes at every length are one configuration in "
+                "effect (whatever their names) and are counted once, as the first:", ""]
+        out += [f"- {keep} = {dup} (n = {n} prompts, every outcome the same)"
+                for dup, (keep, n) in sorted(ev.duplicates.items())]
     if per_seed:
         out += ["", "## Training seeds", "",
                 "Fine-tuned configurations with rows of several training seeds (`data.seed` and `train.seed`: the "

@@ -211,8 +211,9 @@ class Pick:
 
 
 class RowSet:
-    def __init__(self, rows: list[dict], spec: dict, seed: str | None = None):
-        self.spec, self.all_rows, self.seed = spec, rows, seed
+    def __init__(self, rows: list[dict], spec: dict, seed: str | None = None, gate: bool = True):
+        """``gate=False``: rows that failed the convergence gate are kept (the findings' sensitivity line)."""
+        self.spec, self.all_rows, self.seed, self.gate = spec, rows, seed, gate
         self.failed = [r for r in rows if r.get("status") == "failed"]
         unfinished = [r for r in rows if r.get("status") not in ("ok", "failed")]
         self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
@@ -220,8 +221,8 @@ class RowSet:
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
         # not the method: left out of every table and finding, named in a footnote
-        self.unconverged = [r for r in ok if converged(r) is False]
-        ok = [r for r in ok if converged(r) is not False]
+        self.unconverged = [r for r in ok if converged(r) is False] if gate else []
+        ok = [r for r in ok if not (gate and converged(r) is False)]
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
@@ -293,7 +294,7 @@ class RowSet:
 
     def reseeded(self, seed: str) -> RowSet:
         """The same rows showing training seed ``seed`` wherever an entry has it."""
-        return RowSet(self.all_rows, self.spec, seed)
+        return RowSet(self.all_rows, self.spec, seed, self.gate)
 
     def for_model(self, model: str) -> list[Entry]:
         return [e for e in self.entries if e.model == model]

@@ -42,6 +42,9 @@ class TrainArgs:
     grad_clip: float = 1.0
     ema: bool = True  # evaluate the EMA of the weights (paper; absent from its code release)
     ema_decay: float = 0.999  # constant decay
+    # divide out the base model's share d^t of the average (harness.train.ema); false: the committed tiny rows'
+    # behaviour (and config hash), true in the paper recipes
+    ema_bias_correction: bool = False
     autocast: str = "auto"  # auto | bfloat16 | float32
     grad_checkpointing: bool = False
     zero_stage: int = 3  # deepspeed engine

@@ -41,15 +41,15 @@ parameters "persistent" and would hand back their last iterate), which writes ``
 partitioned and the EMA covers the full tensors.
 
 Resumption: every ``save_every`` steps all ranks write a DeepSpeed checkpoint (model, optimizer partitions, client
-scheduler) plus one state per rank (EMA partition, RNG states; tensors + JSON) into a temporary directory of this
-run's own; rank 0 publishes it as ``step_N`` under the key's lock (``harness.train.checkpoint.Store``: ``meta.json``
-with step, key, losses and every file's size). The data position is the step (``batches_for_step``), so a killed
-run started again with the same command continues with the same batches. On resume rank 0 holds the lock while
-every rank checks the newest checkpoint's files (sizes, its own state file); if any rank finds a bad file, rank 0
-warns naming it and all ranks move on to the previous checkpoint together. DeepSpeed's own files are read with
-``torch.load(weights_only=True)`` (a few DeepSpeed classes allow-listed), never by unpickling arbitrary objects.
-A corrupt file that keeps its size and fails inside ``engine.load_checkpoint`` fails the run (ranks cannot agree
-on a fallback from inside DeepSpeed's collective load).
+scheduler) plus one state per rank (EMA partition and update count, RNG states; tensors + JSON) into a temporary
+directory of this run's own; rank 0 publishes it as ``step_N`` under the key's lock
+(``harness.train.checkpoint.Store``: ``meta.json`` with step, key, losses and every file's size). The data position
+is the step (``batches_for_step``), so a killed run started again with the same command continues with the same
+batches. On resume rank 0 holds the lock while every rank checks the newest checkpoint's files (sizes, its own
+state file); if any rank finds a bad file, rank 0 warns naming it and all ranks move on to the previous checkpoint
+together. DeepSpeed's own files are read with ``torch.load(weights_only=True)`` (a few DeepSpeed classes
+allow-listed), never by unpickling arbitrary objects. A corrupt file that keeps its size and fails inside
+``engine.load_checkpoint`` fails the run (ranks cannot agree on a fallback from inside DeepSpeed's collective load).
 
 Preemption (Slurm's SIGTERM; submitit's SIGUSR2 before the time limit): torchrun is started with SIGTERM and SIGUSR2
 ignored and told not to handle SIGTERM (``--signals-to-handle``), so neither it nor, until they install their
@@ -69,7 +69,8 @@ its parent and the launching process (``HARNESS_LAUNCHER_PID``) and kills itself
 disappearing, so a killed ``run.py`` never leaves ranks training and writing checkpoints.
 
 Limitations: every rank loads the full model in host memory before DeepSpeed partitions it (no ``zero.Init``);
-for LLaMA2-7B in bf16 that is ~13.5 GB per rank. ``run.py`` launches one node; for several nodes run
+for LLaMA2-7B in bf16 that is ~13.5 GB per rank. ``run.py`` launches one node (``one_node_launch`` refuses a
+Slurm step of several nodes and more ranks than the node's GPUs); for several nodes run
 ``scripts/train_distributed.py <spec>`` under your own ``torchrun --nnodes ...`` with a spec written by a previous
 launch (``<run_dir>/train_job/spec.json``).
 """
@@ -98,7 +99,8 @@ from harness.train.checkpoint import (
     save_state,
     share,
 )
-from harness.train.ema import ema_update_
+from harness.train.ema import ema_update_, update_weight
+from harness.train.ema import record as ema_record
 from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
@@ -359,9 +361,30 @@ def train_job(spec_path: Path, world_size: int, log=None) -> int:
     return rc
 
 
+def one_node_launch(world_size: int, ckpt_dir: Path, gpus: int | None = None, env=None) -> None:
+    """``torchrun --standalone`` starts every rank on this node: refuse a Slurm step of several nodes (each node
+    would train its own copy, ``harness.submit.one_node_step``) and, with CUDA, more ranks than this node's GPUs;
+    warn in one line when a Slurm job's checkpoints would go inside the checkout (``harness.submit``)."""
+    from harness.config import ConfigError
+    from harness.submit import one_node_step
+
+    env = os.environ if env is None else env
+    one_node_step(env)
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and world_size > gpus:
+        raise ConfigError(f"train.world_size={world_size} but this node has {gpus} GPUs (torchrun --standalone "
+                          f"starts every rank here): set train.world_size={gpus}")
+    ckpt = Path(ckpt_dir).resolve()
+    if env.get("SLURM_JOB_ID") and ROOT in ckpt.parents:
+        print(f"warning: paths.ckpt_dir {ckpt} is inside the checkout in a Slurm job; set HARNESS_CKPT_DIR or "
+              f"SCRATCH (conf/hydra/launcher/slurm_a100.yaml)", file=sys.stderr)
+
+
 def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
+    one_node_launch(a.world_size, ckpt_dir)
     job = Path(run_dir) / "train_job"
     spec = write_spec(OmegaConf.to_container(cfg, resolve=True), ckpt_dir, fingerprint, job)
     prebuild_optimizer_op(a, torch.cuda.is_available())
@@ -412,21 +435,29 @@ class StopFlag:
 
 
 class PartitionEMA:
-    """EMA of each rank's parameter partitions (fp32), constant decay."""
+    """EMA of each rank's parameter partitions (fp32), constant decay; the update rule, bias correction included,
+    is the single engine's (``harness.train.ema``)."""
 
-    def __init__(self, params: list, decay: float):
+    def __init__(self, params: list, decay: float, bias_correction: bool = False):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.params, self.decay = params, decay
+        self.params, self.decay, self.bias_correction, self.steps = params, decay, bias_correction, 0
         self.shadow = [_local(p).detach().float().clone() for p in params]
 
     def update(self) -> None:
-        ema_update_(self.shadow, [_local(p) for p in self.params], self.decay)
+        self.steps += 1
+        ema_update_(self.shadow, [_local(p) for p in self.params],
+                    update_weight(self.decay, self.steps, self.bias_correction))
 
-    def load(self, tensors: list) -> None:
-        """The shadow from a checkpoint (read on the CPU), placed where each partition lives."""
+    def state(self) -> dict:
+        """What a checkpoint keeps: the shadow and the update count (the next bias-corrected update needs it)."""
+        return {"shadow": self.shadow, "steps": self.steps}
+
+    def load(self, state: dict) -> None:
+        """The state from a checkpoint (read on the CPU), the shadow placed where each partition lives."""
+        self.steps = state["steps"]
         self.shadow = [t.to(device=_local(p).device, dtype=torch.float32, copy=True)
-                       for p, t in zip(self.params, tensors)]
+                       for p, t in zip(self.params, state["shadow"])]
 
     @torch.no_grad()
     def copy_to_params(self) -> None:
@@ -566,7 +597,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
                                            lr_scheduler=sched_fn, config=conf)
     phase("deepspeed_initialize")
     ema_params = [p for p in engine.module.parameters() if p.requires_grad]
-    ema = PartitionEMA(ema_params, a.ema_decay) if a.ema else None
+    ema = PartitionEMA(ema_params, a.ema_decay, a.ema_bias_correction) if a.ema else None
 
     start, resumed_from, losses = 0, None, []
     _safe_checkpoint_engine(engine)
@@ -632,8 +663,8 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
         "steps": total, "resumed_from_step": resumed_from, "tokens_seen": tokens_per_step * total,
         "seq_len": a.seq_len, "effective_global_batch": a.micro_batch * acc * world, "micro_batch": a.micro_batch,
         "grad_accumulation": acc, "world_size": world, "lr": a.lr, "schedule": a.schedule,
-        "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay, "ema": a.ema,
-        "ema_decay": a.ema_decay if a.ema else None, "ema_scope": "per-rank ZeRO partitions" if a.ema else None,
+        "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay, "ema": ema_record(ema),
+        "ema_scope": "per-rank ZeRO partitions" if a.ema else None,
         "doc_masking": a.doc_masking, "grad_checkpointing": a.grad_checkpointing,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "losses": [round(x, 4) for x in losses], "train_seconds": round(wall, 2),
@@ -673,7 +704,7 @@ def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, ra
     published = None
     try:
         engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        save_state(tmp, f"rank{rank}", {"ema": ema.shadow if ema is not None else None, "rng": _rng_state()})
+        save_state(tmp, f"rank{rank}", {"ema": ema.state() if ema is not None else None, "rng": _rng_state()})
         dist.barrier()
         if rank == 0:
             published = store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,

@@ -1,33 +1,76 @@
-"""Exponential moving average of the weights with a constant decay (the controlled study's recipe):
-``ema <- decay * ema + (1 - decay) * w`` after every optimizer step; the evaluated model uses the EMA weights.
+"""Exponential moving average of the weights with a constant decay (the controlled study's recipe); the evaluated
+model uses the EMA weights. Both engines update it with :func:`ema_update_` and :func:`update_weight`.
 
-The update is one fused ``torch._foreach_lerp_`` over all shadow tensors (``ema + (1 - decay) * (w - ema)``), in
-place, with no per-step copies of fp32 weights (a cast only when the weights are not fp32, e.g. bf16 training).
+Update ``t`` (1-based, one per optimizer step) moves the average towards the new weights ``w_t``:
+``ema <- ema + u_t * (w_t - ema)``. The average starts at the base model's weights, so
+
+- without bias correction (``u_t = 1 - d``), after ``T`` steps the base model keeps a weight of ``d^T`` in the
+  evaluated weights (:func:`base_share`): 0.999^953 = 38.5% after the paper's 953 steps (1B tokens in steps of
+  32 x 32k), 0.999^476 = 62% for NTK-64K (1B tokens in steps of 32 x 64k). docs/ema.md has the arithmetic.
+- with bias correction (``u_t = (1 - d) / (1 - d^t)``, so ``u_1 = 1``), the average is Adam's bias-corrected one,
+  ``(1 - d) / (1 - d^T) * sum_t d^(T - t) w_t``: only fine-tuned iterates, the base model's share is 0.
+
+Which to use: the paper says only "an exponential moving average (EMA) of model weights with a constant decay"
+(Section 4 and Appendix); LCEG's released fine-tune.py has no EMA at all. Both say the evaluated model is the
+fine-tuned one, not a blend with the base, so the paper recipes (``conf/train/paper*.yaml``) set
+``ema_bias_correction: true``; ``train.ema=false`` (or ``train.ema_decay=0``) evaluates the last iterate, as LCEG's
+code does. ``TrainArgs.ema_bias_correction`` defaults to false: the behaviour the committed tiny-study rows were
+trained with (0.9^512: a base share of 4e-24, so there it changes nothing) and the config hash they are found by.
+
+The update is one fused ``torch._foreach_lerp_`` over all shadow tensors, in place, with no per-step copies of fp32
+weights (a cast only when the weights are not fp32, e.g. bf16 training). The shadow always holds the evaluated
+(corrected) average, so copying it out and checkpointing it need no correction; a resumed run restores the update
+count ``steps`` with the shadow, which the next ``u_t`` depends on.
 """
 from __future__ import annotations
 
 import torch
 
 
+def update_weight(decay: float, step: int, bias_correction: bool) -> float:
+    """``u_t`` of update ``step`` (1-based): ``1 - decay``, or ``(1 - decay) / (1 - decay^step)`` corrected."""
+    if not bias_correction:
+        return 1.0 - decay
+    return (1.0 - decay) / (1.0 - decay ** step)
+
+
+def base_share(decay: float, steps: int, bias_correction: bool) -> float:
+    """The base model's weight in the average after ``steps`` updates: ``decay^steps``, 0 with bias correction."""
+    return 0.0 if bias_correction else decay ** steps
+
+
+def record(ema) -> dict | None:
+    """The results row's ``train_info["ema"]`` from an :class:`EMA` or the DeepSpeed engine's ``PartitionEMA``
+    after training: what the evaluated weights average (None: no EMA, the last iterate is evaluated)."""
+    if ema is None:
+        return None
+    return {"decay": ema.decay, "bias_correction": ema.bias_correction, "steps": ema.steps,
+            "base_share": base_share(ema.decay, ema.steps, ema.bias_correction)}
+
+
 @torch.no_grad()
-def ema_update_(shadow: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
-    """``shadow[i] <- decay * shadow[i] + (1 - decay) * params[i]`` in place (one foreach call)."""
+def ema_update_(shadow: list[torch.Tensor], params: list[torch.Tensor], weight: float) -> None:
+    """``shadow[i] <- shadow[i] + weight * (params[i] - shadow[i])`` in place (one foreach call)."""
     if not shadow:
         return
     src = [p.detach() if p.dtype == s.dtype else p.detach().to(s.dtype) for s, p in zip(shadow, params)]
-    torch._foreach_lerp_(shadow, src, 1.0 - decay)
+    torch._foreach_lerp_(shadow, src, weight)
 
 
 class EMA:
-    def __init__(self, model: torch.nn.Module, decay: float):
+    """The single-process engine's EMA: an fp32 shadow of every trainable parameter, by name."""
+
+    def __init__(self, model: torch.nn.Module, decay: float, bias_correction: bool = False):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.decay = decay
+        self.decay, self.bias_correction, self.steps = decay, bias_correction, 0
         self.shadow = {n: p.detach().clone().float() for n, p in model.named_parameters() if p.requires_grad}
 
     def update(self, model: torch.nn.Module) -> None:
+        self.steps += 1
         pairs = [(self.shadow[n], p) for n, p in model.named_parameters() if n in self.shadow]
-        ema_update_([s for s, _ in pairs], [p for _, p in pairs], self.decay)
+        ema_update_([s for s, _ in pairs], [p for _, p in pairs],
+                    update_weight(self.decay, self.steps, self.bias_correction))
 
     @torch.no_grad()
     def copy_to(self, model: torch.nn.Module) -> None:
@@ -36,8 +79,9 @@ class EMA:
                 p.copy_(self.shadow[n].to(p.dtype))
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "shadow": self.shadow}
+        return {"decay": self.decay, "bias_correction": self.bias_correction, "steps": self.steps,
+                "shadow": self.shadow}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.decay = sd["decay"]
+        self.decay, self.bias_correction, self.steps = sd["decay"], sd["bias_correction"], sd["steps"]
         self.shadow = {k: v.clone() for k, v in sd["shadow"].items()}

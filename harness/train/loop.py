@@ -22,6 +22,7 @@ from harness.device import model_device
 from harness.train import TrainArgs
 from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
+from harness.train.ema import record as ema_record
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
 
@@ -97,7 +98,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     opt = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
     total = a.steps()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
-    ema = EMA(model, a.ema_decay) if a.ema else None
+    ema = EMA(model, a.ema_decay, a.ema_bias_correction) if a.ema else None
     accumulation = a.accumulation()
     start, resumed_from = 0, None
     losses: list[float] = []
@@ -146,8 +147,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         "tokens_seen": tokens_per_step * total, "seq_len": a.seq_len,
         "effective_global_batch": a.micro_batch * accumulation * 1, "micro_batch": a.micro_batch,
         "grad_accumulation": accumulation, "world_size": 1, "lr": a.lr, "schedule": a.schedule,
-        "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay, "ema": a.ema,
-        "ema_decay": a.ema_decay if a.ema else None, "doc_masking": a.doc_masking,
+        "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay,
+        "ema": ema_record(ema), "doc_masking": a.doc_masking,
         "grad_checkpointing": a.grad_checkpointing, "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None, "losses": [round(x, 4) for x in losses],
         "train_seconds": round(wall, 2),

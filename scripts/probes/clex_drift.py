@@ -2,8 +2,8 @@
 alpha = 2t - 1), for fine-tuned checkpoints; and the training loss of their rows. Evidence for docs/recipe.md
 ("CLEX and the recipe's learning rate").
 
-    python scripts/clex_drift.py outputs/<run>/checkpoint [more checkpoints ...]
-    python scripts/clex_drift.py --sensitivity        # drift per unit of |W_down| on the shipped model, no checkpoint
+    python scripts/probes/clex_drift.py outputs/<run>/checkpoint [more checkpoints ...]
+    python scripts/probes/clex_drift.py --sensitivity   # drift per unit of |W_down| on the shipped model, no checkpoint
 
 For each checkpoint: max and mean over the RoPE pairs of |log theta(t) - log theta_NTK(t)| at t = 2, 4, 8, 16, 32
 (the ODE integrated exactly as inference does, ``harness.methods.clex``), the largest |W_down| entry, and the mean

@@ -1,10 +1,10 @@
-"""Bootstrap 95% intervals from per-sample scores (``row["run_dir"]/samples/<name>.jsonl``).
+"""Per-sample records of a run (``row["run_dir"]/samples/<name>.jsonl``) read for the tables' 95% intervals.
 
 The statistic is the mean of group means (a group = one length, one task or one shot count), resampled within each
-group (stratified percentile bootstrap), so it reproduces how the evaluators aggregate: a per-length accuracy is
-one group, a RULER/LongBench average over tasks is several. An interval is returned only when the records' own
-statistic reproduces the number in the row (x1 or x100); otherwise the records do not describe that number and no
-interval is printed.
+group by ``harness.stats.bootstrap_mean`` (the harness's one bootstrap), so it reproduces how the evaluators
+aggregate: a per-length accuracy is one group, a RULER/LongBench average over tasks is several. An interval is
+returned only when the records' own statistic reproduces the number in the row (x1 or x100); otherwise the records
+do not describe that number and no interval is printed.
 """
 from __future__ import annotations
 
@@ -15,18 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import stats
+
 
 @functools.lru_cache(maxsize=64)
 def _read_cached(path: str, mtime: float) -> tuple:
     return tuple(_read(path))
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a JSONL file (unreadable lines skipped); cached per (path, mtime) within one build."""
-    try:
-        return list(_read_cached(str(path), Path(path).stat().st_mtime))
-    except OSError:
-        return []
 
 
 def _read(path: str) -> list[dict]:
@@ -67,19 +61,6 @@ def score_of(rec: dict, keys: list[str]) -> float | None:
     return None
 
 
-def groups_from(records: list[dict], score_keys: list[str], where: dict, group_by: str | None) -> list[np.ndarray]:
-    """Scores of the records matching ``where`` ({field: value}, compared as strings), split by ``group_by``."""
-    groups: dict = {}
-    for r in records:
-        if any(str(r.get(k)) != str(v) for k, v in where.items()):
-            continue
-        s = score_of(r, score_keys)
-        if s is None:
-            continue
-        groups.setdefault(str(r.get(group_by)) if group_by else "", []).append(s)
-    return [np.asarray(v, dtype=float) for _, v in sorted(groups.items())]
-
-
 @functools.lru_cache(maxsize=256)
 def _indexed(path: str, mtime: float, score_keys: tuple, where_keys: tuple, group_by: str | None) -> dict:
     """{values of where_keys: {group: scores}} of one file, built once per (file, query shape)."""
@@ -106,23 +87,8 @@ def mean_of_means(groups: list[np.ndarray]) -> float:
     return float(np.mean([g.mean() for g in groups]))
 
 
-def bootstrap_ci(groups: list[np.ndarray], resamples: int = 1000, seed: int = 0, level: float = 0.95):
-    """Percentile interval of the mean of group means under resampling within each group."""
-    groups = [g for g in groups if len(g)]
-    if not groups:
-        return None
-    rng = np.random.default_rng(seed)
-    stats = np.zeros(resamples)
-    for g in groups:
-        idx = rng.integers(0, len(g), size=(resamples, len(g)))
-        stats += g[idx].mean(axis=1)
-    stats /= len(groups)
-    a = (1 - level) / 2
-    return float(np.quantile(stats, a)), float(np.quantile(stats, 1 - a))
-
-
 def interval_for(row: dict, names: list[str], score_keys: list[str], where: dict, group_by: str | None,
-                 reported: float | None, resamples: int = 1000, seed: int = 0):
+                 reported: float | None):
     """CI of ``reported`` from the row's per-sample file, in the units of ``reported``; None when not derivable."""
     if reported is None or not math.isfinite(reported):
         return None
@@ -135,6 +101,6 @@ def interval_for(row: dict, names: list[str], score_keys: list[str], where: dict
     m = mean_of_means(groups)
     for scale in (1.0, 100.0):
         if abs(m * scale - reported) <= 1e-3 * max(1.0, abs(reported)) + 1e-6:
-            lo, hi = bootstrap_ci(groups, resamples, seed)
+            _, lo, hi = stats.bootstrap_mean(groups)
             return lo * scale, hi * scale
     return None

@@ -4,8 +4,8 @@ adjective-noun pairs), and optionally with RULER's "special magic" (a phrase the
 replaced by another phrase: which difference between the training wordings and RULER's keeps a look-up learned in
 pretraining from firing.
 
-    python scripts/ruler_key_probe.py --model DIR --keys train --length 512 --samples 50
-    python scripts/ruler_key_probe.py --model DIR --noun secret
+    python scripts/probes/ruler_key_probe.py --model DIR --keys train --length 512 --samples 50
+    python scripts/probes/ruler_key_probe.py --model DIR --noun secret
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ the task list to put under ``suite.ruler.tasks`` of the suite: tasks whose score
 (the tables' measurability threshold for RULER, ``harness/tables/spec.yaml``). A task that does not fit in C tokens
 cannot be done at C and is listed as such.
 
-    python scripts/ruler_screen.py                       # tiny_llama, the tiny suite, 20 samples per task
-    python scripts/ruler_screen.py model=smollm2_135m --samples 50
+    python scripts/probes/ruler_screen.py                       # tiny_llama, the tiny suite, 20 samples per task
+    python scripts/probes/ruler_screen.py model=smollm2_135m --samples 50
 """
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """The held-out look-up probe of the tiny_llama model card ("The associative-recall curriculum, tried").
 
-    python scripts/lookup_probe.py                                   # exact match of the shipped weights
-    python scripts/lookup_probe.py --steps 300 --out DIR             # + 300 answer-only training steps, then again
+    python scripts/probes/lookup_probe.py                             # exact match of the shipped weights
+    python scripts/probes/lookup_probe.py --steps 300 --out DIR       # + 300 answer-only training steps, then again
 
 Documents: 2-8 statements of one ``harness.data.synthetic`` lookup pattern (key style, value style, noun, wording and
 separator drawn per document), shuffled, then questions about a random subset of the keys, each followed by an

@@ -1,0 +1,221 @@
+"""Submit a sweep to Slurm and return: one submitit job per sweep point (a job array), the job ids written to
+``<results_dir>/jobs/<sweep>.json`` for ``make status``; nothing waits on the login node.
+
+    python scripts/submit.py experiment=paper_llama2                     # what `run.py -m ... hydra/launcher=slurm_a100` does
+    python run.py -m experiment=paper_llama2 hydra/launcher=slurm_a100   # the same (harness.precheck hands it here)
+
+Why not hydra-submitit-launcher itself: its ``launch`` ends in ``[j.results()[0] for j in jobs]`` and has no option
+to return earlier, so a paper sweep would hold the login node for days. This module composes the same sweep
+(``harness.sweeps.expand``), reads the executor's parameters from the same launcher YAML
+(``conf/hydra/launcher/slurm_a100.yaml`` + ``conf/local/slurm.yaml``, mapped to submitit exactly as that plugin maps
+them), submits, writes the job ids and exits. Each job runs ``python run.py <point overrides>
+hydra.run.dir=<sweep dir>/<n>_<model>_<method>`` inside the job's own process (``Point``), so Slurm's signals reach
+the training's handlers and submitit's requeue (``Point.checkpoint``) as under the plugin: a requeued job runs in the
+same directory, its row keeps its run_id and training resumes from its newest checkpoint.
+
+Refused at submission, each in one line (``ConfigError``):
+- more than one node (``hydra.launcher.nodes > 1``) or ``train.world_size`` other than the node's GPUs: ``run.py``
+  trains with ``torchrun --standalone`` on its own node, so a second node would run the whole point again
+  (``one_node``); the same rule holds in ``scripts/render_sbatch.py`` and, inside a job, in ``run.py`` and the
+  training launcher (``one_node_step``);
+- checkpoints inside the checkout: the launcher's setup exports ``HARNESS_CKPT_DIR`` (default
+  ``$SCRATCH/long-context-harness/ckpt``); ``job_ckpt_dir`` evaluates that line as the job will and refuses a
+  ``paths.ckpt_dir`` that resolves inside this repository (``make plan`` prints the space a point needs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import OmegaConf, open_dict
+
+from harness.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_PY = ROOT / "run.py"
+CKPT_EXPORT = "export HARNESS_CKPT_DIR="  # the launcher setup line that places a cluster job's checkpoints
+
+
+# ----------------------------------------------------------------------------------------------- the rules
+def one_node(launcher: dict, cfgs: list) -> None:
+    """Refuse a job of more than one node, and a training point whose ranks are not the node's GPUs: ``run.py``
+    starts ``torchrun --standalone --nproc_per_node=train.world_size`` on the node it runs on."""
+    nodes, gpus = int(launcher.get("nodes") or 1), int(launcher.get("gpus_per_node") or 0)
+    if nodes != 1:
+        raise ConfigError(f"hydra.launcher.nodes={nodes}: a point runs on one node (run.py trains with torchrun "
+                          f"--standalone there; another node would run the whole point again); use "
+                          f"hydra.launcher.nodes=1 and train.world_size <= hydra.launcher.gpus_per_node")
+    for cfg in cfgs:
+        t = cfg.train
+        if t.get("enabled") and t.get("engine") == "deepspeed" and int(t.get("world_size", 1)) != gpus:
+            raise ConfigError(f"train.world_size={t.world_size} but a job has one node of {gpus} GPUs "
+                              f"(hydra.launcher.gpus_per_node): set train.world_size={gpus} or "
+                              f"hydra.launcher.gpus_per_node={t.world_size} (at most one node's GPUs)")
+
+
+def one_node_step(env=None) -> None:
+    """Inside Slurm: refuse a job step that spans several nodes (every node would run this ``run.py``, train its
+    own copy and write its own row). ``SLURM_STEP_NUM_NODES`` is srun's step; outside srun, the job's nodes."""
+    env = os.environ if env is None else env
+    n = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    if n and int(n) > 1:
+        raise ConfigError(f"this Slurm step spans {n} nodes: run.py runs one point on one node (torchrun "
+                          f"--standalone); submit with hydra.launcher.nodes=1 (srun --nodes=1)")
+
+
+def job_ckpt_dir(cfg, setup: list[str], cwd: Path | None = None, env=None) -> Path:
+    """The ``paths.ckpt_dir`` a cluster job of ``cfg`` will use: the launcher's ``export HARNESS_CKPT_DIR=`` line
+    evaluated by bash as the job evaluates it (with this environment, which sbatch passes on), then the config's
+    ``paths.ckpt_dir`` resolved with it, relative to ``cwd`` (the job's working directory: the submission's).
+    Raises ``ConfigError`` when the line fails (neither ``HARNESS_CKPT_DIR`` nor ``SCRATCH`` set) or the directory
+    is inside this checkout."""
+    env = dict(os.environ if env is None else env)
+    lines = [s for s in setup if str(s).strip().startswith(CKPT_EXPORT)]
+    if lines:
+        out = subprocess.run(["bash", "-c", "\n".join(lines) + '\nprintf %s "$HARNESS_CKPT_DIR"'], env=env,
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            why = re.sub(r"^bash: line \d+: ", "", (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1])
+            raise ConfigError(f"checkpoints of a cluster job: {why} (hydra.launcher.setup exports HARNESS_CKPT_DIR, "
+                              f"default $SCRATCH/long-context-harness/ckpt)")
+        env["HARNESS_CKPT_DIR"] = out.stdout
+    with _environ(env):
+        ckpt = Path(str(cfg.paths.ckpt_dir)).expanduser()
+    ckpt = ((cwd or Path.cwd()) / ckpt).resolve()
+    if ckpt == ROOT or ROOT in ckpt.parents:
+        raise ConfigError(f"paths.ckpt_dir resolves to {ckpt}, inside the checkout: a cluster point's ZeRO-3 "
+                          f"checkpoints (make plan prints their size) belong on scratch; set HARNESS_CKPT_DIR or "
+                          f"SCRATCH (or paths.ckpt_dir=/scratch/...)")
+    return ckpt
+
+
+@contextmanager
+def _environ(env: dict):
+    """``os.environ`` replaced by ``env`` for the block (``oc.env`` resolves against it)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# ----------------------------------------------------------------------------------------------- submitit
+def executor_params(launcher: dict, cluster: str) -> tuple[dict, dict]:
+    """(constructor, ``update_parameters``) arguments of ``submitit.AutoExecutor`` from the launcher node, mapped as
+    hydra-submitit-launcher maps them: its base keys as they are, the rest prefixed with the executor's name. The
+    local executor (tests, rehearsals) gets the base keys only: the setup lines and sbatch options are Slurm's."""
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    lc = {k: v for k, v in launcher.items() if k != "_target_"}
+    init = {"folder": lc.pop("submitit_folder")}
+    timeouts = lc.pop("max_num_timeout", None)
+    if cluster == "slurm" and timeouts is not None:
+        init["slurm_max_num_timeout"] = timeouts
+    update = {k if k in base else f"{cluster}_{k}": v for k, v in lc.items() if k in base or cluster == "slurm"}
+    return init, update
+
+
+class Point:
+    """One sweep point as a submitit job: ``run.py <overrides> hydra.run.dir=<run_dir>`` run as ``__main__``
+    inside the job's process (precheck, then the run), in the directory it was submitted from."""
+
+    def __init__(self, overrides: list[str], run_dir: str, cwd: str):
+        self.overrides, self.run_dir, self.cwd = list(overrides), str(run_dir), str(cwd)
+
+    def __call__(self) -> None:
+        os.chdir(self.cwd)
+        sys.argv = [str(RUN_PY), *self.overrides, f"hydra.run.dir={self.run_dir}"]
+        runpy.run_path(str(RUN_PY), run_name="__main__")
+
+    def checkpoint(self):
+        """submitit's requeue on timeout or preemption: the same point again, in the same run directory."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def plan_sweep(overrides: list[str], cluster: str = "slurm", env=None) -> dict:
+    """Compose and check every point of ``python run.py -m <overrides>``; the submission's record (no job yet)."""
+    from harness import pipeline, sweeps
+    from harness.results import now_iso
+
+    jobs = sweeps.expand(overrides)
+    cfgs = [sweeps.compose([*job, "hydra.job.name=run"], with_hydra=True) for job in jobs]
+    for job, cfg in zip(jobs, cfgs):
+        try:
+            pipeline.validate(cfg, data=False)  # data: checked where the job runs
+        except Exception as e:  # noqa: BLE001
+            from harness.precheck import SweepJobError
+
+            raise SweepJobError(job, e) from None
+    first = cfgs[0]
+    sweep_dir = str(first.hydra.sweep.dir)  # resolved once (its ${now:...}): every point under one directory
+    for cfg in cfgs:
+        with open_dict(cfg):
+            cfg.hydra.sweep.dir = sweep_dir
+    launcher = OmegaConf.to_container(first.hydra.launcher, resolve=True)
+    one_node(launcher, cfgs)
+    cwd = Path.cwd()
+    ckpt = str(job_ckpt_dir(first, list(launcher.get("setup") or []), cwd, env)) if cluster == "slurm" else None
+    points = []
+    for n, (job, cfg) in enumerate(zip(jobs, cfgs)):
+        with open_dict(cfg):
+            cfg.hydra.job.num = n
+        run = [o for o in job if not o.startswith("hydra")]
+        points.append({"overrides": run, "row": OmegaConf.select(cfg, "study.row"),
+                       "run_dir": str(Path(sweep_dir) / str(cfg.hydra.sweep.subdir)), "job_id": None})
+    exp = OmegaConf.select(first, "study.experiment") or "sweep"
+    return {"sweep": f"{exp}_{Path(sweep_dir).parent.name}_{Path(sweep_dir).name}", "cluster": cluster,
+            "submitted": now_iso(), "command": "python run.py -m " + " ".join(overrides), "cwd": str(cwd),
+            "ckpt_dir": ckpt, "sweep_dir": sweep_dir, "submitit_folder": launcher["submitit_folder"],
+            "results_dir": str(first.paths.results_dir), "launcher": launcher, "points": points}
+
+
+def submit(overrides: list[str], cluster: str = "slurm", log=print) -> tuple[dict, list]:
+    """Submit every point as one job array and return (the record written to ``<results_dir>/jobs/<sweep>.json``,
+    submitit's job handles) without waiting for any job."""
+    import submitit
+
+    from harness.results import atomic_write_json
+
+    rec = plan_sweep(overrides, cluster)
+    init, update = executor_params(rec["launcher"], cluster)
+    executor = submitit.AutoExecutor(cluster=cluster, **init)
+    executor.update_parameters(**update)
+    jobs = executor.submit_array([Point(p["overrides"], p["run_dir"], rec["cwd"]) for p in rec["points"]])
+    for p, j in zip(rec["points"], jobs):
+        p["job_id"] = str(j.job_id)
+    path = jobs_path(rec["results_dir"], rec["sweep"])
+    atomic_write_json(path, {k: v for k, v in rec.items() if k != "launcher"})
+    log(f"submitted {len(jobs)} job(s) to {cluster}: {', '.join(p['job_id'] for p in rec['points'])}")
+    if rec["ckpt_dir"]:
+        log(f"checkpoints: {rec['ckpt_dir']}")
+    log(f"job ids: {path}; `make status` follows them")
+    return rec, jobs
+
+
+def jobs_path(results_dir: str, sweep: str) -> Path:
+    return Path(results_dir) / "jobs" / f"{sweep}.json"
+
+
+def read_submissions(results_dir: str) -> list[dict]:
+    """Every submission record under ``<results_dir>/jobs/``, oldest first (a file that is not one is skipped)."""
+    out = []
+    for f in sorted(Path(results_dir, "jobs").glob("*.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("points"), list):
+            out.append(rec)
+    return out

@@ -3,6 +3,7 @@ pin the formulas to hand-computed values and check that the throughput's source 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import ROOT, load_file_module
@@ -163,3 +164,54 @@ def test_every_hub_model_yaml_has_a_shape_for_the_plan():
     ids = [yaml.safe_load(p.read_text()).get("path") for p in sorted((CONF_DIR / "model").rglob("*.yaml"))]
     hub_ids = [i for i in ids if isinstance(i, str) and "/" in i and not i.startswith(("/", "."))]
     assert len(hub_ids) >= 12 and all(i in plan.SHAPES for i in hub_ids), [i for i in hub_ids if i not in plan.SHAPES]
+
+
+# ------------------------------------------------------------------------------ checkpoint space (issue 32, item 3)
+def test_checkpoint_space_per_point_and_for_the_sweep(table1):
+    """One ZeRO-3 save = 2 P (bf16 weights) + 12 P_t (fp32 master + Adam m, v) + 4 P_t (the EMA's fp32
+    partitions); at the peak the kept saves plus the one being written, plus the final bf16 weights."""
+    from harness.train.checkpoint import KEEP_LAST
+
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    rows = {r["row"]: r for r in table1["points"]}
+    pi = rows["PI"]["train"]["checkpoints"]
+    save = 2 * s.params + 12 * s.params + 4 * s.params
+    assert pi["save_gb"] == round(save / 1e9, 1) and pi["saves"] == 953 // 50
+    assert pi["saves_at_peak"] == KEEP_LAST + 1 and pi["final_gb"] == round(2 * s.params / 1e9, 1)
+    assert pi["peak_gb"] == round(((KEEP_LAST + 1) * save + 2 * s.params) / 1e9, 1)
+    assert pi["after_gb"] == pi["final_gb"]  # train.keep_checkpoints=false: the saves are removed at the end
+    assert "2 P (bf16 weights) + 12 P_t (fp32 master + Adam m, v) + 4 P_t (fp32 EMA)" in pi["formula"]
+    ll = rows["LongLoRA"]["train"]["checkpoints"]  # the frozen weights are saved, the optimizer covers P_t only
+    p_t = rows["LongLoRA"]["train"]["trained_params"]
+    assert ll["save_gb"] == round((2 * s.params + 16 * p_t) / 1e9, 1) < pi["save_gb"] / 5
+    assert "checkpoints" not in (rows["Self-Extend"]["train"] or {})  # frozen: nothing saved
+    summary = table1["summary"]
+    trained = [r["train"]["checkpoints"] for r in table1["points"] if r["train"]]
+    assert summary["checkpoint_peak_gb"] == pytest.approx(sum(c["peak_gb"] for c in trained), abs=0.1)
+    assert summary["checkpoint_after_gb"] == pytest.approx(sum(c["after_gb"] for c in trained), abs=0.1)
+
+
+def test_checkpoint_space_follows_the_recipe(capsys):
+    """keep_checkpoints keeps KEEP_LAST saves after the run; save_every=0 saves nothing; no EMA, no EMA term; a run
+    shorter than two saves holds fewer at its peak. `make plan` prints the formula and the sweep's total."""
+    from harness.train.checkpoint import KEEP_LAST
+
+    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    kept = plan.checkpoint_space(s, s.params, steps=953, save_every=50, ema=True, keep=True)
+    assert kept["kept_after"] == KEEP_LAST and kept["after_gb"] == round(
+        (KEEP_LAST * 18 * s.params + 2 * s.params) / 1e9, 1)
+    none = plan.checkpoint_space(s, s.params, steps=953, save_every=0, ema=True, keep=True)
+    assert none["saves"] == 0 and none["peak_gb"] == none["after_gb"] == none["final_gb"]
+    no_ema = plan.checkpoint_space(s, s.params, steps=953, save_every=50, ema=False, keep=False)
+    assert no_ema["save_gb"] == round(14 * s.params / 1e9, 1) and "EMA" not in no_ema["formula"]
+    one = plan.checkpoint_space(s, s.params, steps=60, save_every=50, ema=True, keep=False)
+    assert one["saves"] == 1 and one["saves_at_peak"] == 1
+    script = plan_script()
+    p = script.build(["experiment=paper_llama2", "point=paper_llama2/pi", "hydra/launcher=slurm_a100"],
+                     plan.PlanArgs(bench="/none"))
+    script.show(p)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 P (bf16 weights) + 12 P_t (fp32 master + Adam m, v) + 4 P_t (fp32 EMA)" in out
+    assert f"the sweep's points at once: {p['summary']['checkpoint_peak_gb']:,.0f} GB at the peak" in out
+    assert p["ckpt_dir"].startswith("REFUSED") or "long-context-harness" in p["ckpt_dir"] or \
+        os.environ.get("HARNESS_CKPT_DIR")

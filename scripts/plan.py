@@ -26,14 +26,16 @@ from harness.results import atomic_write_json
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(overrides: list[str], args: plan.PlanArgs) -> dict:
+def build(overrides: list[str], args: plan.PlanArgs, job_ckpt: bool = False) -> dict:
+    """The plan of every sweep point. ``job_ckpt``: with a launcher, where a submitted job's checkpoints would go
+    (its setup line evaluated by bash, ``harness.submit.job_ckpt_dir``); else the composed ``paths.ckpt_dir``."""
     jobs = sweeps.expand(overrides)
     rows, launcher, ckpt_dir = [], None, None
     for job in jobs:
         cfg = sweeps.compose(job, with_hydra=True)
         if launcher is None and any(o.startswith("hydra/launcher=") for o in overrides):
             launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
-            ckpt_dir = cluster_ckpt_dir(cfg)
+            ckpt_dir = cluster_ckpt_dir(cfg) if job_ckpt else None
         if not args.node_gpus:
             args = dataclasses.replace(args, node_gpus=plan.node_gpus(launcher))
         rows.append({"overrides": [o for o in job if not o.startswith("hydra")], **plan.point_plan(cfg, args)})
@@ -193,7 +195,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--node-gpus", type=int, default=0, help="GPUs per job (default: the launcher's, else 8)")
     ap.add_argument("--json", default="", help="also write the plan as JSON here")
     a = ap.parse_args(argv)
-    p = build(a.overrides, plan.PlanArgs(gpu=a.gpu, mfu=a.mfu, bench=a.bench, node_gpus=a.node_gpus))
+    p = build(a.overrides, plan.PlanArgs(gpu=a.gpu, mfu=a.mfu, bench=a.bench, node_gpus=a.node_gpus), job_ckpt=True)
     show(p)
     if a.json:
         atomic_write_json(a.json, p)

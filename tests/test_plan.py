@@ -3,7 +3,6 @@ pin the formulas to hand-computed values and check that the throughput's source 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from conftest import ROOT, load_file_module
@@ -213,5 +212,3 @@ def test_checkpoint_space_follows_the_recipe(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "2 P (bf16 weights) + 12 P_t (fp32 master + Adam m, v) + 4 P_t (fp32 EMA)" in out
     assert f"the sweep's points at once: {p['summary']['checkpoint_peak_gb']:,.0f} GB at the peak" in out
-    assert p["ckpt_dir"].startswith("REFUSED") or "long-context-harness" in p["ckpt_dir"] or \
-        os.environ.get("HARNESS_CKPT_DIR")

@@ -1,12 +1,57 @@
-"""Hydra helpers shared by run.py, scripts and tests: the config directory, custom resolvers, and composing a
-group's defaults outside of a Hydra app."""
+"""Hydra helpers shared by run.py, scripts and tests: the config directories, custom resolvers, and composing a
+group's defaults outside of a Hydra app.
+
+Plugins: ``HARNESS_PLUGINS`` names modules (comma-separated, importable: on ``sys.path`` / ``PYTHONPATH``) that
+register components of their own (a method, an evaluator, ...) the way the harness' own files do. Every registry
+imports them when it loads (``harness.registry``), and a ``conf/`` folder beside a plugin module (its package folder,
+or the folder holding the single file) is searched for the plugins' YAMLs after ``conf/``: by Hydra (the search-path
+plugin ``hydra_plugins/harness_plugins``, so ``run.py method=<plugin's>`` composes) and by :func:`find_conf`.
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PLUGINS_ENV = "HARNESS_PLUGINS"
+
+
+def plugin_modules() -> list[str]:
+    """The module names listed in ``HARNESS_PLUGINS`` (empty when unset)."""
+    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+
+
+def plugin_conf_dirs() -> list[Path]:
+    """The ``conf/`` folders beside the plugin modules (found without importing them). A listed module that cannot
+    be found is one line naming it and ``HARNESS_PLUGINS``."""
+    import importlib.util
+
+    out = []
+    for name in plugin_modules():
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            raise ModuleNotFoundError(f"{PLUGINS_ENV}: no module {name!r} on the Python path (valid: importable "
+                                      f"module names, comma-separated)")
+        d = Path(spec.origin).parent / "conf"
+        if d.is_dir() and d not in out:
+            out.append(d)
+    return out
+
+
+def conf_dirs() -> list[Path]:
+    """Where configs are looked up, in order: ``conf/``, then the plugins' ``conf/`` folders."""
+    return [CONF_DIR, *plugin_conf_dirs()]
+
+
+def find_conf(group: str, name: str) -> Path | None:
+    """The YAML of option ``name`` of ``group`` (``conf/<group>/<name>.yaml`` or a plugin's), or None."""
+    for d in conf_dirs():
+        p = d / group / f"{name}.yaml"
+        if p.is_file():
+            return p
+    return None
 
 
 def _ctx_x(*multiples, _root_):
@@ -113,6 +158,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "config", wit
 
 
 def group_defaults(group: str, name: str) -> dict:
-    node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+    """The keys of option ``name`` of ``group`` (its YAML, plugins' included; ``defaults`` dropped, unresolved)."""
+    node = OmegaConf.load(find_conf(group, name) or CONF_DIR / group / f"{name}.yaml")
     node.pop("defaults", None)
     return OmegaConf.to_container(node, resolve=False)

@@ -18,7 +18,7 @@ def precheck_or_exit(argv: list[str]) -> None:
     ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides (launcher,
     sweep dirs) are left to Hydra and do not affect the jobs' configs. Two exceptions: a sweep with the Slurm
     launcher is submitted by ``harness.submit`` and ``run.py`` exits at once (``_submit_to_slurm``); a single run
-    inside a Slurm step of several nodes is refused (``harness.submit.one_node_step``)."""
+    inside a Slurm step of several nodes is refused (``harness.train.deepspeed_engine.one_node_step``)."""
     import sys
 
     multirun = any(a in ("-m", "--multirun") for a in argv)
@@ -33,7 +33,7 @@ def precheck_or_exit(argv: list[str]) -> None:
         if multirun:
             _precheck_sweep(overrides)
         else:
-            from harness.submit import one_node_step
+            from harness.train.deepspeed_engine import one_node_step
 
             one_node_step()  # inside a Slurm job: one node per run
             resolve_model(compose(overrides))
@@ -109,14 +109,9 @@ def _results_dir_of(overrides: list[str]) -> str:
     return os.environ.get("HARNESS_RESULTS_DIR", "results")
 
 
-class SweepJobError(Exception):
-    def __init__(self, job: list[str], error: BaseException):
-        super().__init__(str(error))
-        self.job, self.error = job, error
-
-
 def _precheck_sweep(overrides: list[str]) -> None:
     from harness import pipeline, sweeps
+    from harness.sweeps import SweepJobError
 
     for job in sweeps.expand(overrides):
         try:
@@ -127,6 +122,8 @@ def _precheck_sweep(overrides: list[str]) -> None:
 
 def explain(e: BaseException, overrides: list[str]) -> str:
     """One line for a composition or validation error, naming the override / key / file and the valid choices."""
+    from harness.sweeps import SweepJobError
+
     if isinstance(e, SweepJobError):
         why = explain(e.error, e.job).removeprefix("config error: ")
         return f"config error in sweep job [{' '.join(e.job)}]: {why}"

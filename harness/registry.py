@@ -7,7 +7,9 @@ A model, method, dataset or evaluator is one file that registers itself with a d
 
 The short name is what Hydra selects (``method=pi``) and what the results row and the tables use as a column, so it
 never changes with a refactor. Packages import all their modules on first lookup (``autoload``) so that
-registering is the only step needed to add one.
+registering is the only step needed to add one; so are the modules named in ``HARNESS_PLUGINS`` (components kept
+outside this package: ``harness.conf_utils``), and a registry's ``check`` (e.g. a method's facts) runs on every
+name it registers, so a component missing what the tables need fails when it registers, not in a table.
 """
 from __future__ import annotations
 
@@ -20,15 +22,19 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, package: str):
-        self.kind, self.package = kind, package
+    def __init__(self, kind: str, package: str, check: Callable[[str, Any], None] | None = None):
+        """``check(name, obj)``: raises when ``obj`` may not be registered as ``name`` (one line saying why)."""
+        self.kind, self.package, self.check = kind, package, check
         self._items: dict[str, T] = {}
         self._loaded = False
+        self._plugins: set[str] = set()  # plugin modules imported by this registry
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
+            if self.check is not None:
+                self.check(name, obj)
             self._items[name] = obj
             try:
                 obj.registered_name = name  # type: ignore[attr-defined]
@@ -39,13 +45,20 @@ class Registry(Generic[T]):
         return deco
 
     def autoload(self) -> None:
-        if self._loaded:
-            return
-        pkg = importlib.import_module(self.package)
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            if not mod.name.startswith("_"):
-                importlib.import_module(f"{self.package}.{mod.name}")
-        self._loaded = True
+        """Import the package's modules (once) and any plugin module not imported yet (``HARNESS_PLUGINS`` is read
+        on every lookup, so a plugin listed after the first lookup is still found)."""
+        from harness.conf_utils import plugin_modules
+
+        if not self._loaded:
+            pkg = importlib.import_module(self.package)
+            for mod in pkgutil.iter_modules(pkg.__path__):
+                if not mod.name.startswith("_"):
+                    importlib.import_module(f"{self.package}.{mod.name}")
+            self._loaded = True
+        for name in plugin_modules():
+            if name not in self._plugins:
+                importlib.import_module(name)
+                self._plugins.add(name)
 
     def args(self, node, where: str, name: str | None = None, defaults: dict | None = None) -> tuple[Any, Any]:
         """``(cls, args)``: the class registered as ``name`` (default: the node's ``name``) and its ``Args``

@@ -9,6 +9,7 @@ sweeps with a point whose row is missing or not ok."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +30,24 @@ def _fmt_age(iso) -> str:
     if a is None:
         return "-"
     return f"{a:.0f}s" if a < 120 else (f"{a / 60:.0f}m" if a < 7200 else f"{a / 3600:.1f}h")
+
+
+def jobs_path(results_dir: str, sweep: str) -> Path:
+    """Where ``harness.submit`` records a submitted sweep's job ids."""
+    return Path(results_dir) / "jobs" / f"{sweep}.json"
+
+
+def read_submissions(results_dir: str) -> list[dict]:
+    """Every submission record under ``<results_dir>/jobs/``, oldest first (a file that is not one is skipped)."""
+    out = []
+    for f in sorted(Path(results_dir, "jobs").glob("*.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("points"), list):
+            out.append(rec)
+    return out
 
 
 def slurm_states(job_ids: list[str], sacct: str | None = None) -> dict[str, str] | None:
@@ -66,8 +85,6 @@ def local_state(submitit_folder: str, job_id: str) -> str:
 
 def show_jobs(results_dir: str, rows: list[tuple[dict, str]], show_all: bool) -> None:
     """The submitted sweeps' jobs beside their rows (module docstring)."""
-    from harness.submit import read_submissions
-
     by_dir = {str(r.get("run_dir")): s for r, s in rows}
     for rec in read_submissions(results_dir):
         points = rec["points"]

@@ -1,7 +1,7 @@
 """Submit a sweep to Slurm and return: one submitit job per sweep point (a job array), the job ids written to
 ``<results_dir>/jobs/<sweep>.json`` for ``make status``; nothing waits on the login node.
 
-    python scripts/submit.py experiment=paper_llama2                     # what `run.py -m ... hydra/launcher=slurm_a100` does
+    python scripts/submit.py experiment=paper_llama2
     python run.py -m experiment=paper_llama2 hydra/launcher=slurm_a100   # the same (harness.precheck hands it here)
 
 Why not hydra-submitit-launcher itself: its ``launch`` ends in ``[j.results()[0] for j in jobs]`` and has no option
@@ -17,14 +17,13 @@ Refused at submission, each in one line (``ConfigError``):
 - more than one node (``hydra.launcher.nodes > 1``) or ``train.world_size`` other than the node's GPUs: ``run.py``
   trains with ``torchrun --standalone`` on its own node, so a second node would run the whole point again
   (``one_node``); the same rule holds in ``scripts/render_sbatch.py`` and, inside a job, in ``run.py`` and the
-  training launcher (``one_node_step``);
+  training launcher (``harness.train.deepspeed_engine.one_node_step``);
 - checkpoints inside the checkout: the launcher's setup exports ``HARNESS_CKPT_DIR`` (default
   ``$SCRATCH/long-context-harness/ckpt``); ``job_ckpt_dir`` evaluates that line as the job will and refuses a
   ``paths.ckpt_dir`` that resolves inside this repository (``make plan`` prints the space a point needs).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import runpy
@@ -57,16 +56,6 @@ def one_node(launcher: dict, cfgs: list) -> None:
             raise ConfigError(f"train.world_size={t.world_size} but a job has one node of {gpus} GPUs "
                               f"(hydra.launcher.gpus_per_node): set train.world_size={gpus} or "
                               f"hydra.launcher.gpus_per_node={t.world_size} (at most one node's GPUs)")
-
-
-def one_node_step(env=None) -> None:
-    """Inside Slurm: refuse a job step that spans several nodes (every node would run this ``run.py``, train its
-    own copy and write its own row). ``SLURM_STEP_NUM_NODES`` is srun's step; outside srun, the job's nodes."""
-    env = os.environ if env is None else env
-    n = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    if n and int(n) > 1:
-        raise ConfigError(f"this Slurm step spans {n} nodes: run.py runs one point on one node (torchrun "
-                          f"--standalone); submit with hydra.launcher.nodes=1 (srun --nodes=1)")
 
 
 def job_ckpt_dir(cfg, setup: list[str], cwd: Path | None = None, env=None) -> Path:
@@ -155,9 +144,7 @@ def plan_sweep(overrides: list[str], cluster: str = "slurm", env=None) -> dict:
         try:
             pipeline.validate(cfg, data=False)  # data: checked where the job runs
         except Exception as e:  # noqa: BLE001
-            from harness.precheck import SweepJobError
-
-            raise SweepJobError(job, e) from None
+            raise sweeps.SweepJobError(job, e) from None
     first = cfgs[0]
     sweep_dir = str(first.hydra.sweep.dir)  # resolved once (its ${now:...}): every point under one directory
     for cfg in cfgs:
@@ -187,6 +174,7 @@ def submit(overrides: list[str], cluster: str = "slurm", log=print) -> tuple[dic
     import submitit
 
     from harness.results import atomic_write_json
+    from harness.status import jobs_path
 
     rec = plan_sweep(overrides, cluster)
     init, update = executor_params(rec["launcher"], cluster)
@@ -202,20 +190,3 @@ def submit(overrides: list[str], cluster: str = "slurm", log=print) -> tuple[dic
         log(f"checkpoints: {rec['ckpt_dir']}")
     log(f"job ids: {path}; `make status` follows them")
     return rec, jobs
-
-
-def jobs_path(results_dir: str, sweep: str) -> Path:
-    return Path(results_dir) / "jobs" / f"{sweep}.json"
-
-
-def read_submissions(results_dir: str) -> list[dict]:
-    """Every submission record under ``<results_dir>/jobs/``, oldest first (a file that is not one is skipped)."""
-    out = []
-    for f in sorted(Path(results_dir, "jobs").glob("*.json"), key=lambda p: p.stat().st_mtime):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("points"), list):
-            out.append(rec)
-    return out

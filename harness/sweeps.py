@@ -2,7 +2,8 @@
 
 ``expand(["experiment=paper_llama2"])`` returns one override list per job, exactly as Hydra's basic sweeper builds
 them (the experiment's ``hydra.sweeper.params`` first, then the command line, cartesian product in that order).
-Used by ``scripts/render_sbatch.py`` (one array task per job) and by the tests that compose every sweep point.
+Used by ``scripts/render_sbatch.py`` (one array task per job), ``harness.submit`` (one submitit job per job) and
+by the tests that compose every sweep point.
 """
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from harness import conf_utils
+
+
+class SweepJobError(Exception):
+    """One job of a sweep that does not compose or validate (``job``: its overrides; ``error``: why)."""
+
+    def __init__(self, job: list[str], error: BaseException):
+        super().__init__(str(error))
+        self.job, self.error = job, error
 
 
 def compose(overrides: list[str], with_hydra: bool = False):

@@ -2,7 +2,7 @@
 with the resources and setup lines of ``conf/hydra/launcher/slurm_a100.yaml`` (+ ``conf/local/slurm.yaml``); the job
 ids are printed and written to ``<results_dir>/jobs/<sweep>.json``, which ``make status`` reads.
 
-    python scripts/submit.py experiment=paper_llama2                        # Slurm (= run.py -m ... hydra/launcher=slurm_a100)
+    python scripts/submit.py experiment=paper_llama2              # = run.py -m ... hydra/launcher=slurm_a100
     python scripts/submit.py experiment=entropy_abf hydra.launcher.timeout_min=600
     python scripts/submit.py --cluster local method=base,pi train=none eval=quick   # submitit's local executor
 

@@ -22,6 +22,7 @@ FLOORS = [
     ("search", {"search"}),
     ("parallel", {"eval_distributed"}),  # data-parallel evaluation: ranks run evaluators; pipeline starts them
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
+    ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
     ("entry", {"precheck", "shards"}),
 ]
 FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}

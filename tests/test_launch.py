@@ -55,12 +55,12 @@ def test_one_node_per_point():
 def test_inside_a_job_one_node_and_the_node_s_gpus(tmp_path, capsys):
     """In a Slurm step of two nodes run.py and the training launcher refuse (each node would train its own copy);
     more ranks than the node's GPUs are refused; checkpoints in the checkout inside a job are warned about."""
-    from harness.train.deepspeed_engine import one_node_launch
+    from harness.train.deepspeed_engine import one_node_launch, one_node_step
 
-    submit.one_node_step({"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"})  # a one-node step: fine
-    submit.one_node_step({})
+    one_node_step({"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"})  # a one-node step: fine
+    one_node_step({})
     with pytest.raises(ConfigError, match="spans 2 nodes"):
-        submit.one_node_step({"SLURM_STEP_NUM_NODES": "2"})
+        one_node_step({"SLURM_STEP_NUM_NODES": "2"})
     with pytest.raises(ConfigError, match="spans 2 nodes"):
         one_node_launch(8, tmp_path, gpus=8, env={"SLURM_NNODES": "2"})
     with pytest.raises(ConfigError, match=r"train.world_size=16 but this node has 8 GPUs"):
@@ -72,7 +72,7 @@ def test_inside_a_job_one_node_and_the_node_s_gpus(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_checkpoints_of_a_cluster_job_go_to_scratch(tmp_path):
+def test_checkpoints_of_a_cluster_job_go_to_scratch(tmp_path, monkeypatch):
     """The launcher's setup line, evaluated by bash as the job evaluates it: $HARNESS_CKPT_DIR, else $SCRATCH/...;
     neither set, or a directory in the checkout, is refused in one line."""
     launcher, cfg = _launcher(PI)
@@ -88,6 +88,12 @@ def test_checkpoints_of_a_cluster_job_go_to_scratch(tmp_path):
         submit.job_ckpt_dir(cfg, setup, cwd=ROOT, env={**base, "HARNESS_CKPT_DIR": "outputs/ckpt"})
     explicit = sweeps.compose([*PI, f"paths.ckpt_dir={tmp_path / 'mine'}"])  # the command line wins over the env
     assert submit.job_ckpt_dir(explicit, setup, env={**base, "SCRATCH": "/s"}) == tmp_path / "mine"
+    plan_script = load_file_module(ROOT / "scripts" / "plan.py", "plan_script")  # `make plan` says where, or why not
+    monkeypatch.delenv("HARNESS_CKPT_DIR", raising=False)
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    assert plan_script.cluster_ckpt_dir(cfg) == str(tmp_path / "long-context-harness" / "ckpt")
+    monkeypatch.delenv("SCRATCH")
+    assert plan_script.cluster_ckpt_dir(cfg).startswith("REFUSED at submission: checkpoints of a cluster job")
 
 
 def test_executor_parameters_come_from_the_launcher_yaml():

@@ -26,6 +26,14 @@ blocked-attention methods do not apply: ``checkpoint_attention: {sliding_window,
 are not parameters: never part of the checkpoint comparison (``method.json``).
 
 Methods receive plain arguments from their ``Args`` dataclass (validated against the YAML), never a DictConfig.
+
+Facts: what the tables, findings, figures, plan and report know about a method is declared in its YAML under
+``facts:`` (``label``, ``family``: exact | approximate attention, ``trains``: fine-tuned in the study's protocol,
+``beyond_paper``: not a method of the controlled study) and read through one function, :func:`facts`. A variant that
+is one method under other settings is the YAML or the sweep point that defines it: ``ntk_32k.yaml`` (the class of
+``ntk_dynamic``), or a point whose ``method: {facts: {key: ntk_64k_2b, label: NTK-64K-2B}}`` names a table row of its
+own (:func:`row_key`). A method registered without facts fails at registration. ``facts`` is not a parameter: it is
+taken out of the node before ``Args`` and out of the config hash (``harness.results.NOT_IN_CONFIG_HASH``).
 """
 from __future__ import annotations
 
@@ -38,7 +46,120 @@ from pathlib import Path
 from harness.config import ConfigError
 from harness.registry import Registry
 
-METHODS: Registry = Registry("method", "harness.methods")
+FAMILIES = ("exact", "approximate")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """A method's facts (module docstring): declared in ``conf/method/<name>.yaml`` under ``facts:``."""
+
+    key: str                    # the table row it is: the method's name, or a sweep point's variant (ntk_64k_2b)
+    label: str                  # the tables' label; "{model}" = the model's own name (the base)
+    family: str                 # exact | approximate attention (Table 1's groups)
+    trains: bool                # fine-tuned in the study's protocol (False: applied to the frozen model)
+    beyond_paper: bool = False  # not studied by the paper: never in a finding's parts, a control beside them
+
+
+def _facts_of(key: str, node, where: str) -> Facts:
+    """``Facts`` from a YAML's ``facts`` node; one line naming ``where`` when it is missing or incomplete."""
+    if not isinstance(node, dict):
+        raise ConfigError(f"{where}: no facts (add facts: {{label: ..., family: exact | approximate, trains: "
+                          f"true | false}}; the tables, findings and plan read them)")
+    known = {f.name for f in dataclasses.fields(Facts)} - {"key"}
+    bad = sorted(set(node) - known - {"key"})
+    missing = sorted({"label", "family", "trains"} - set(node))
+    if bad or missing:
+        raise ConfigError(f"{where}.facts: " + (f"unknown keys {bad}" if bad else f"missing {missing}") +
+                          f" (valid: {', '.join(sorted(known))})")
+    if node["family"] not in FAMILIES or not isinstance(node["trains"], bool):
+        raise ConfigError(f"{where}.facts: family must be one of {FAMILIES} and trains true or false, got "
+                          f"{node['family']!r}, {node['trains']!r}")
+    return Facts(key=str(node.get("key") or key), **{k: v for k, v in node.items() if k != "key"})
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(name: str, where) -> Facts | None:
+    """The facts of ``conf/method/<name>.yaml`` (a plugin's included: ``where`` is the file), None without a YAML."""
+    if where is None:
+        return None
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(where)).get("facts")
+    return _facts_of(name, node, f"conf/method/{name}.yaml")
+
+
+def declared(name: str) -> Facts | None:
+    """The facts ``conf/method/<name>.yaml`` declares (None when there is no such YAML: not a method)."""
+    from harness.conf_utils import find_conf
+
+    return _declared(name, find_conf("method", name))
+
+
+def _check_facts(name: str, obj) -> None:
+    """Registration check of ``METHODS``: a method's YAML declares its facts."""
+    if declared(name) is None:
+        raise ConfigError(f"method {name!r} ({getattr(obj, '__module__', '?')}) has no conf/method/{name}.yaml with "
+                          f"its facts (label, family, trains)")
+
+
+METHODS: Registry = Registry("method", "harness.methods", check=_check_facts)
+
+
+@functools.lru_cache(maxsize=None)
+def _variants(dirs: tuple) -> dict:
+    """``{study.row: (method, point facts)}`` of every sweep point (``<conf>/point/*/*.yaml``) that declares a variant
+    with ``method: {facts: {key: ...}}``: rows recorded before their facts were, matched by the point's ``study.row``."""
+    from omegaconf import OmegaConf
+
+    out = {}
+    for d in dirs:
+        for p in sorted(d.glob("point/*/*.yaml")):
+            node = OmegaConf.to_container(OmegaConf.load(p))
+            pf = ((node.get("method") or {}).get("facts") or {})
+            row = (node.get("study") or {}).get("row")
+            if pf.get("key") and row:
+                method = next((next(iter(x.values())) for x in node.get("defaults") or []
+                               if isinstance(x, dict) and next(iter(x)) == "override /method"), None)
+                out[str(row)] = (method, pf)
+    return out
+
+
+def variants() -> dict:
+    from harness.conf_utils import conf_dirs
+
+    return _variants(tuple(conf_dirs()))
+
+
+def row_key(row: dict) -> str:
+    """The table row a results row belongs to: the variant key its config records (``method.facts.key``) or its
+    sweep point declares (matched by ``study.row``), else its method's name."""
+    cfg = row.get("config") or {}
+    recorded = ((cfg.get("method") or {}).get("facts") or {}).get("key")
+    if recorded:
+        return str(recorded)
+    study_row = str((cfg.get("study") or {}).get("row") or "")
+    if study_row in variants():
+        return str(variants()[study_row][1]["key"])
+    return str(row.get("method") or "?")
+
+
+def facts(name_or_row) -> Facts | None:
+    """The one reader of a method's facts: a name (``pi``, a variant key such as ``ntk_64k_2b``) or a results row
+    (its :func:`row_key`). None for a name that is no method (a factor search's row, ``longrope_search``)."""
+    if isinstance(name_or_row, dict):
+        key = row_key(name_or_row)
+        recorded = ((name_or_row.get("config") or {}).get("method") or {}).get("facts")
+    else:
+        key, recorded = str(name_or_row), None
+    own = declared(key)
+    if own is not None:
+        return own
+    for method, pf in variants().values():
+        if pf.get("key") == key and declared(method or "") is not None:
+            return _facts_of(key, {**dataclasses.asdict(declared(method)), **pf}, f"the point of {key}")
+    if isinstance(recorded, dict) and recorded.get("key") == key:
+        return _facts_of(key, recorded, f"row method.facts of {key}")
+    return None
 
 
 @dataclass
@@ -149,14 +270,22 @@ def build_method(cfg) -> Method:
     name = cfg.get("name") if hasattr(cfg, "get") else None
     if not name:
         raise ConfigError("method config has no name")
-    return METHODS.build(cfg, f"method={name}", defaults=yaml_defaults(name))
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    node.pop("facts", None)  # what the tables know about the method, not a parameter
+    return METHODS.build(node, f"method={name}", defaults=yaml_defaults(name))
 
 
 def yaml_defaults(name: str) -> dict:
-    """The keys of ``conf/method/<name>.yaml`` ({} when the method has no YAML, e.g. one registered in a test)."""
-    from harness.conf_utils import CONF_DIR, group_defaults
+    """The parameters of ``conf/method/<name>.yaml`` (its ``facts`` left out; {} when the method has no YAML)."""
+    from harness.conf_utils import find_conf, group_defaults
 
-    return group_defaults("method", name) if (CONF_DIR / "method" / f"{name}.yaml").is_file() else {}
+    if find_conf("method", name) is None:
+        return {}
+    out = group_defaults("method", name)
+    out.pop("facts", None)
+    return out
 
 
 METHOD_FILE = "method.json"

@@ -10,6 +10,7 @@ import math
 import sys
 from datetime import datetime
 
+from harness.methods import facts
 from harness.tables import estimates as est
 from harness.tables import samples
 from harness.tables.paper import Paper
@@ -36,7 +37,10 @@ def is_second(rs: RowSet, model: str) -> bool:
 
 
 def attention(rs: RowSet, e: Entry) -> str:
-    return ((rs.spec.get("methods") or {}).get(e.method) or {}).get("attention", "exact")
+    """The entry's attention family (``harness.methods.facts``); a row of no method (a factor search) is placed
+    with the exact ones."""
+    f = facts(e.method)
+    return f.family if f else "exact"
 
 
 def paper_len_label(e: Entry, paper_c: int) -> str:
@@ -498,7 +502,7 @@ def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 if e is not None:
                     c.fill(est.at(rs, e, "ppl_pg19", f), source="PPL")
                 cells.append(c)
-            label = pr["label"] if pr is not None else (rs.spec["methods"].get(key) or {}).get("label", key)
+            label = pr["label"] if pr is not None else (facts(key).label if facts(key) else key)
             t.add([label + ("" if e is not None else " (paper)"), f"{s:g}"], cells, e)
     if t.n_ours() == 0:
         return None
@@ -572,16 +576,19 @@ def longrope_short_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
 
 
 # -- the README's "Measured here": PPL and passkey by length, every configuration, with intervals --------------------
-def _summary_order(rs: RowSet, e: Entry):
-    keys = list((rs.spec.get("methods") or {}).keys())
-    return (not e.frozen, attention(rs, e) != "exact", keys.index(e.method) if e.method in keys else len(keys),
-            e.label)
+def _summary_order(rs: RowSet, paper: Paper, e: Entry):
+    """Frozen before fine-tuned, exact before approximate attention; within a group the base model, then the
+    paper's methods in its Table 1 order, then the others (those the paper did not study last), by label."""
+    keys = ["base"] + [r["key"] for r in paper.table("table1")["rows"]]
+    f = facts(e.method)
+    return (not e.frozen, attention(rs, e) != "exact", bool(f and f.beyond_paper),
+            keys.index(e.method) if e.method in keys else len(keys), e.label)
 
 
 def summary_table(rs: RowSet, paper: Paper, model: str, source: str = "passkey") -> Table | None:
     """One row per configuration, one column per length (multiples of C): ours with its interval, no paper numbers
     (the paper's lengths are 16x longer). ``source``: passkey | ppl_pg19."""
-    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
     metric, scale, dec = ("accuracy", 1.0, 2) if source == "passkey" else ("ppl", 1.0, 1)
     fs = sorted({f for e in ents for f in est.lengths_of(rs, e, source, metric)})
     if not fs:
@@ -618,7 +625,7 @@ EXTENDED = (("babilong", "BABILong"), ("helmet_recall", "HELMET recall"), ("long
 def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     """The 2024 benchmarks (``eval=extended``): one row per configuration, one column per benchmark and length
     (multiples of C), ours with its 95% interval (0..100); no paper numbers (the controlled study has none)."""
-    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
     cols = [(src, lab, f) for src, lab in EXTENDED
             for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src, est.METRIC[src])})]
     if not cols:
@@ -661,7 +668,7 @@ def cost_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     and tokens/s) and for each evaluator, and the run's whole wall time, so a reader sees what the study cost and what
     dominates. Measured by each run under its own conditions (threads, other processes on the machine): a record,
     not a controlled benchmark (``make bench``, ``suite_cost``, is that)."""
-    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, e))
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
     rows = [(e.label, _training(e), r) for e in ents for seed in e.seeds for r in e.by_seed[seed]]
     rows += [(f"{method_key(r)} (gate failed)", _training_text(False, train_len(r), native_ctx(r)), r)
              for r in rs.unconverged if r.get("model") == model]

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import stats
+from harness.methods import facts
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
@@ -57,16 +58,38 @@ REPRODUCED, CONTRADICTED, MIXED, INCONCLUSIVE = "reproduced", "contradicted", "m
 VERDICTS = (REPRODUCED, CONTRADICTED, MIXED, INCONCLUSIVE)
 DEFAULT_MODEL = "tiny_llama"  # the study's model when there are no rows at all
 
-# the paper's method sets (Table 1)
-EXACT_FT = ("pi", "yarn", "clex", "ntk_32k", "ntk_64k")
-APPROX = ("lm_infinite", "self_extend", "longlora", "landmark")
-FT_32K = ("pi", "yarn", "clex", "ntk_32k")   # exact, fine-tuned at 32k (8C)
 WINDOW_REF = "lm_infinite"   # the in-window reference: attention window C, the paper's own C-window method
 TRAIN_F = 8.0     # the paper's 32k = 8C
 LONG_F = 16.0     # its 64k = 16C: beyond the training length
 PPL_FLAT = 1.25   # (f) "keeps PPL flat": PPL at 8C within 25% of its PPL at C
 PPL_CLOSE = 1.10  # (k) "close to the base": PPL at C within 10% of the base's (the paper: PI +3.5%, CLEX +5%)
 RETRIEVE_MARGIN = -0.25  # (i) "retrieves within its window": at C no more than 0.25 below the base
+
+
+def exact_ft(paper: Paper) -> list[str]:
+    """The paper's fine-tuned exact-attention methods: its Table 1 rows (in its order) whose method is of the exact
+    family and trains (``harness.methods.facts``)."""
+    return [k for k in _table1_keys(paper) if _fam(k) == "exact" and facts(k).trains]
+
+
+def approx(paper: Paper) -> list[str]:
+    """The paper's approximate-attention methods: its Table 1 rows whose method is of the approximate family."""
+    return [k for k in _table1_keys(paper) if _fam(k) == "approximate"]
+
+
+def ft_32k(paper: Paper) -> list[str]:
+    """Those of :func:`exact_ft` the paper fine-tuned at 32k = 8C (its Table 2 "Len" column)."""
+    at_32k = {r["key"] for r in paper.table("table2_pg19")["rows"] if r.get("len") == "32k"}
+    return [k for k in exact_ft(paper) if k in at_32k]
+
+
+def _table1_keys(paper: Paper) -> list[str]:
+    return [r["key"] for r in paper.table("table1")["rows"]]
+
+
+def _fam(key: str) -> str | None:
+    f = facts(key)
+    return f.family if f else None
 
 
 def _side(ci, direction: int, margin: float) -> str:
@@ -158,7 +181,7 @@ class Finding:
     reference: str = ""
     # reported beside the parts but never in the verdict: the same quantity against a reference the paper's protocol
     # does not use (the frozen base where the same-data control decides), or for a method the paper did not study
-    # (spec.yaml ``beyond_paper``: a finding about the paper's methods keeps its scope)
+    # (its facts' ``beyond_paper``: a finding about the paper's methods keeps its scope)
     controls: list = field(default_factory=list)
     notes: list = field(default_factory=list)   # statements from the rows beside the parts ((g): where it collapses)
     on_shown_seed: str = ""          # the verdict on the rows shown, before ``seeded`` compared training seeds
@@ -223,9 +246,14 @@ class Evidence:
         return e.label not in self.duplicates
 
     def beyond_paper(self, e: Entry) -> bool:
-        """A method the paper did not study (``beyond_paper: true`` in ``spec.yaml``): never in a finding's parts,
-        reported beside the findings that range over "every other configuration" as a control."""
-        return bool((self.rs.spec.get("methods") or {}).get(e.method, {}).get("beyond_paper"))
+        """A method the paper did not study (its facts say ``beyond_paper``): never in a finding's parts, reported
+        beside the findings that range over "every other configuration" as a control."""
+        f = facts(e.method)
+        return bool(f and f.beyond_paper)
+
+    def family(self, e: Entry) -> str:
+        """The entry's attention family (``harness.methods.facts``; a row of no method counts as exact)."""
+        return _fam(e.method) or "exact"
 
     def entry(self, key: str, frozen: bool | None = None) -> Entry | None:
         """The entry of paper key ``key`` (frozen / fine-tuned if given); several: the one whose row's method name is
@@ -348,8 +376,8 @@ def f_a(ev: Evidence, paper: Paper) -> Finding:
     if _needle_missing(ev):
         f.parts = [Part("exact FT - approximate, Needle", why=_needle_missing(ev))]
         return f.decide()
-    ex = [(ev.entry(k, False), k) for k in EXACT_FT]
-    ap = [(ev.entry(k), k) for k in APPROX]
+    ex = [(ev.entry(k, False), k) for k in exact_ft(paper)]
+    ap = [(ev.entry(k), k) for k in approx(paper)]
     a, wa = _group([ev.needle(e) if e else None for e, _ in ex], [k for e, k in ex])
     b, wb = _group([ev.needle(e) if e else None for e, _ in ap], [k for e, k in ap])
     missing = [k for e, k in ex + ap if e is None]
@@ -367,8 +395,8 @@ def f_a(ev: Evidence, paper: Paper) -> Finding:
 def _paper_groups(paper: Paper, col: str) -> str:
     t = paper.table("table1")
     j = t["columns"].index(col)
-    ex = [r["values"][j] for r in t["rows"] if r["key"] in EXACT_FT and r["training"] == "fine-tuned"]
-    ap = [r["values"][j] for r in t["rows"] if r["key"] in APPROX]
+    ex = [r["values"][j] for r in t["rows"] if r["key"] in exact_ft(paper) and r["training"] == "fine-tuned"]
+    ap = [r["values"][j] for r in t["rows"] if r["key"] in approx(paper)]
     return f"Table 1 {col}: exact FT mean {np.mean(ex):.1f} vs approximate {np.mean(ap):.1f}"
 
 
@@ -421,7 +449,7 @@ def f_d(ev: Evidence, paper: Paper) -> Finding:
         return f.decide()
     pairs = []
     for e in ev.entries:
-        if (ev.rs.spec.get("methods") or {}).get(e.method, {}).get("attention", "exact") != "exact":
+        if ev.family(e) != "exact":
             continue
         if (e.method == "base" and not e.frozen) or ev.beyond_paper(e) or not ev.counted(e):  # controls, duplicates
             continue
@@ -543,7 +571,7 @@ def f_h(ev: Evidence, paper: Paper) -> Finding:
                 "(trails: > 1)",
                 "Table 2 PG19 at 32k: LongLoRA 9.89 vs PI 5.95, YaRN 5.93, CLEX 5.82, NTK-32K 5.79")
     ll = ev.entry("longlora")
-    for k in FT_32K:
+    for k in ft_32k(paper):
         o = ev.entry(k, False)
         f.parts.append(_ppl_part(f"LongLoRA / {_label(o, k)}, PPL 8C", ev.at(ll, "ppl_pg19", TRAIN_F) if ll else None,
                                  ev.at(o, "ppl_pg19", TRAIN_F) if o else None, +1,
@@ -557,7 +585,7 @@ def f_i(ev: Evidence, paper: Paper) -> Finding:
                 f"Needle at C: Landmark minus the base (retrieves: > {RETRIEVE_MARGIN}); Needle pooled over C..16C: "
                 "fine-tuned exact methods minus Landmark, and each of them minus Landmark",
                 f"Sec. 5.2: Landmark excels only within the local window; Table 1 Needle: Landmark {t1['landmark'][1]}"
-                f" vs exact FT mean {np.mean([t1[k][1] for k in EXACT_FT]):.1f}")
+                f" vs exact FT mean {np.mean([t1[k][1] for k in exact_ft(paper)]):.1f}")
     src = ev.needle_source
     if src is None:
         f.parts = [Part("Landmark", why=ev.needle_note)]
@@ -567,7 +595,7 @@ def f_i(ev: Evidence, paper: Paper) -> Finding:
                    ev.at(base, src, 1.0) if base else None, "landmark at C", "base at C")
     p.margin = RETRIEVE_MARGIN
     f.parts.append(p)
-    ex = [(ev.entry(k, False), k) for k in EXACT_FT]
+    ex = [(ev.entry(k, False), k) for k in exact_ft(paper)]
     g, w = _group([ev.needle(e) if e else None for e, _ in ex], [k for e, k in ex])
     q = _part_prop("exact FT - Landmark, Needle", g, ev.needle(lm) if lm else None, "exact FT", "landmark")
     if w:
@@ -613,7 +641,7 @@ def f_k(ev: Evidence, paper: Paper) -> Finding:
                 "Table 2 PG19 at 4k: base 6.30; PI 6.52 (x1.035), NTK-32K 6.32, YaRN 6.39, CLEX 6.62 (x1.05)",
                 reference=SAME_DATA)
     ctrl, base = ev.entry("base", False), ev.entry("base", True)
-    for k in FT_32K:
+    for k in ft_32k(paper):
         e = ev.entry(k, False)
         f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(ctrl, 'base (FT)')}, PPL at C",
                                  ev.at(e, "ppl_pg19", 1.0) if e else None,
@@ -654,7 +682,7 @@ def f_m(ev: Evidence, paper: Paper) -> Finding:
                 reference="the paper's own reference: LM-Infinite, in its window C by construction")
     lmi = ev.entry(WINDOW_REF, True)
     for src, corpus in (("ppl_pg19", "books"), ("ppl_proofpile", "code")):
-        for k in FT_32K:
+        for k in ft_32k(paper):
             e = ev.entry(k, False)
             f.parts.append(_ppl_part(f"{_label(e, k)} / {_label(lmi, WINDOW_REF)}, PPL 8C ({corpus})",
                                      ev.at(e, src, TRAIN_F) if e else None,

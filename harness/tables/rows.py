@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from harness.methods import facts, row_key
 from harness.results import liveness
 from harness.results import read_rows_in as _read_rows_in
 
@@ -116,17 +117,15 @@ def is_frozen(row: dict) -> bool:
     return cfg_t.get("enabled") is False
 
 
-STUDY_ROWS = {"NTK-64K-2B": "ntk_64k_2b"}  # a sweep point's ``study.row`` that names a paper row of its own
-
-
 def method_key(row: dict) -> str:
-    """Canonical method key: the row's method name, with Dynamic NTK split into ntk_frozen / ntk_32k / ntk_64k,
-    and NTK-64K on 2x the tokens (``study.row: NTK-64K-2B``) as ntk_64k_2b."""
+    """Canonical method key: the variant its sweep point declares (``harness.methods.row_key``: NTK-64K on 2x the
+    tokens is ntk_64k_2b), else the row's method name, with the Dynamic NTK class (``ntk_dynamic``, formerly ``ntk``)
+    split by how it was trained into the paper's ntk_frozen / ntk_32k / ntk_64k."""
     m = row.get("method") or "?"
     mp = row.get("method_params") or {}
-    study_row = str(((row.get("config") or {}).get("study") or {}).get("row") or "")
-    if study_row in STUDY_ROWS:
-        return STUDY_ROWS[study_row]
+    key = row_key(row)
+    if key != m:
+        return key
     if m in ("ntk_dynamic", "ntk"):
         v = str(mp.get("variant") or "").lower().replace("-", "_")
         if v in ("ntk_32k", "ntk_64k", "ntk_frozen"):
@@ -243,12 +242,13 @@ class RowSet:
         self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
 
     def _label(self):
-        """Short, unique labels: the method's label from ``spec.yaml`` (the base model: its own name), `` (FT)`` for a
-        fine-tuned entry when a frozen entry has the same label, then `` #2``, `` #3`` (by first run time) when
-        configurations still collide. ``legend()`` says what each label stands for."""
-        meths = self.spec.get("methods") or {}
+        """Short, unique labels: the method's label (``harness.methods.facts``; the base model: its own name; a row of
+        no method, a factor search: its name), `` (FT)`` for a fine-tuned entry when a frozen entry has the same
+        label, then `` #2``, `` #3`` (by first run time) when configurations still collide. ``legend()`` says what
+        each label stands for."""
         for e in self.entries:
-            e.label = str((meths.get(e.method) or {}).get("label") or e.method).format(model=e.model)
+            f = facts(e.method)
+            e.label = (f.label if f else e.method).format(model=e.model)
             e.suffix = ""
         by: dict = {}
         for e in self.entries:

@@ -361,12 +361,24 @@ def train_job(spec_path: Path, world_size: int, log=None) -> int:
     return rc
 
 
-def one_node_launch(world_size: int, ckpt_dir: Path, gpus: int | None = None, env=None) -> None:
-    """``torchrun --standalone`` starts every rank on this node: refuse a Slurm step of several nodes (each node
-    would train its own copy, ``harness.submit.one_node_step``) and, with CUDA, more ranks than this node's GPUs;
-    warn in one line when a Slurm job's checkpoints would go inside the checkout (``harness.submit``)."""
+def one_node_step(env=None) -> None:
+    """Inside Slurm: refuse a job step that spans several nodes (every node would run this ``run.py``, train its
+    own copy and write its own row). ``SLURM_STEP_NUM_NODES`` is srun's step; outside srun, the job's nodes.
+    ``run.py`` checks it too (``harness.precheck``), and ``harness.submit`` refuses ``nodes > 1`` before submitting."""
     from harness.config import ConfigError
-    from harness.submit import one_node_step
+
+    env = os.environ if env is None else env
+    n = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    if n and int(n) > 1:
+        raise ConfigError(f"this Slurm step spans {n} nodes: run.py runs one point on one node (torchrun "
+                          f"--standalone); submit with hydra.launcher.nodes=1 (srun --nodes=1)")
+
+
+def one_node_launch(world_size: int, ckpt_dir: Path, gpus: int | None = None, env=None) -> None:
+    """``torchrun --standalone`` starts every rank on this node: refuse a Slurm step of several nodes
+    (``one_node_step``) and, with CUDA, more ranks than this node's GPUs; warn in one line when a Slurm job's
+    checkpoints would go inside the checkout (``harness.submit``)."""
+    from harness.config import ConfigError
 
     env = os.environ if env is None else env
     one_node_step(env)

@@ -130,6 +130,17 @@ def _hub_name(path):
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "hub"
 
 
+def _points(experiment):
+    """``${points:tiny_study}`` -> every sweep point of an experiment, ``conf/point/<experiment>/*.yaml`` (a plugin's
+    ``conf/`` included), as Hydra's choice list ``tiny_study/abf, tiny_study/base, ...`` (sorted): an experiment's
+    sweep finds its points, so adding one is adding its file."""
+    found = [p for d in conf_dirs() for p in (d / "point" / str(experiment)).glob("*.yaml")]
+    names = sorted({f"{experiment}/{p.stem}" for p in found})
+    if not names:
+        raise ValueError(f"points: no sweep point in conf/point/{experiment}/ (valid: a folder of conf/point)")
+    return ", ".join(names)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
@@ -137,7 +148,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
-    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name)):
+    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name), ("points", _points)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

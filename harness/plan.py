@@ -84,9 +84,6 @@ ASSUMED_DECODE_EFFICIENCY = 0.5  # ASSUMPTION (not measured): share of the HBM b
 ASSUMED_USABLE_MEMORY = 0.95  # ASSUMPTION: share of a GPU's memory left to tensors (CUDA context, allocator slack)
 DEFAULT_NODE_GPUS = 8  # the paper's node (8 x A100) when no launcher names one
 ASSUMED_MFU = 0.35  # ASSUMPTION (not measured): model-FLOPs utilisation of a 7B Llama training step / prefill
-ASSUMED_DOC_TOKENS = 100_000  # ASSUMPTION: tokens of one PG19 / Proof-pile evaluation document when the data is absent
-ASSUMED_LONGBENCH_SAMPLES = 200  # ASSUMPTION: samples per LongBench task (most official test sets have 200)
-ASSUMED_TREC_ITEMS, ASSUMED_TOKENS_PER_SHOT = 500, 20  # ASSUMPTION: TREC test items; tokens per demonstration
 
 
 @dataclass
@@ -203,60 +200,6 @@ def checkpoint_space(s: Shape, p_t: int, steps: int, save_every: int, ema: bool,
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
-def _doc_stream_tokens(dataset: str, samples: int) -> tuple[int, str]:
-    if dataset.startswith("bin:"):
-        path = Path(dataset[4:])
-        if path.is_file():
-            from harness.evals.ppl import load_token_stream
-
-            return sum(len(d) for d in load_token_stream(str(path), samples)), f"{path} (first {samples} documents)"
-    return samples * ASSUMED_DOC_TOKENS, f"ASSUMPTION {samples} x {ASSUMED_DOC_TOKENS:,} tokens (data not here)"
-
-
-def evaluator_prompts(name: str, a: dict, lengths: list[int], limit: int | None) -> tuple[dict, str]:
-    """{length: prompts} of one evaluator (lengths above the method's limit are skipped, as the evaluators do), and
-    the basis of the count."""
-    ok = [int(L) for L in (a.get("lengths") or lengths) if limit is None or int(L) <= limit]
-    if name == "ppl":
-        if a.get("protocol") == "longlora":
-            from harness.evals.ppl import longlora_starts, subsample
-
-            n, basis = _doc_stream_tokens(str(a.get("dataset", "")), int(a.get("samples", 10)))
-            return {L: len(subsample(longlora_starts(n, L, int(a.get("stride", 256))), int(a.get("max_windows", 0))))
-                    for L in ok}, f"windows every {a.get('stride', 256)} tokens over {basis}"
-        return {L: int(a.get("samples", 10)) for L in ok}, "one window per document and length"
-    if name == "nll_by_position":
-        L = int(a.get("length") or max(ok or [0]))
-        return ({L: int(a.get("samples", 4))} if L else {}), "documents x length"
-    if name == "passkey":
-        return {L: int(a.get("samples", 20)) for L in ok}, "prompts x lengths"
-    if name == "niah":
-        from harness.evals.niah import grid
-
-        cl = [L for L in grid(a.get("context_lengths") or [], ok) if limit is None or L <= limit]
-        return {L: int(a.get("depth_intervals", 10)) for L in cl}, "context lengths x depths (LCEG grid)"
-    if name == "ruler":
-        n = len(a.get("tasks") or []) * int(a.get("samples", 500))
-        return {L: n for L in ok}, f"{len(a.get('tasks') or [])} tasks x {a.get('samples')} samples x lengths"
-    if name == "longbench":
-        from harness.evals.longbench import SUBSETS
-
-        tasks = a.get("tasks") or SUBSETS[a.get("subset", "paper")]
-        n = len(tasks) * (int(a.get("samples") or 0) or ASSUMED_LONGBENCH_SAMPLES)
-        budget = int(a.get("max_length") or max(ok or [0]))
-        return {budget: n}, f"UPPER BOUND: {len(tasks)} tasks x samples (ASSUMPTION {ASSUMED_LONGBENCH_SAMPLES} " \
-                            f"when not capped) x the full {budget}-token budget"
-    if name == "manyshot_trec":
-        budget = int(a.get("max_length") or max(ok or [0]))
-        items = int(a.get("samples") or 0) or ASSUMED_TREC_ITEMS
-        out: dict = {}
-        for k in a.get("shots") or []:
-            L = min(budget, int(k) * ASSUMED_TOKENS_PER_SHOT)
-            out[L] = out.get(L, 0) + items
-        return out, f"ASSUMPTION {items} test items x shots x {ASSUMED_TOKENS_PER_SHOT} tokens per shot (<= budget)"
-    return {}, "not counted"
-
-
 def gen_tokens_per_prompt(ev) -> tuple[float, str]:
     """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from."""
     a = ev.args
@@ -323,7 +266,7 @@ def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = 
     out = {}
     for (key, node), ev in zip(suite.items(), build_evaluators(suite)):
         name = (node or {}).get("name") or key
-        prompts, basis = evaluator_prompts(name, node or {}, lengths, limit)
+        prompts, basis = ev.count_prompts(lengths, limit)  # the evaluator's own cost model (harness.evals)
         gen, gen_basis = gen_tokens_per_prompt(ev)
         generates = bool(getattr(ev, "generates", False))
         per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize) for L, n in prompts.items()}
@@ -348,8 +291,8 @@ def measured_mfu(bench: dict | None, method: str, T: int) -> tuple[float, str] |
     if not bench or bench.get("mode") != "gpu":
         return None
     rows = [r for r in bench.get("train") or [] if r.get("status") == "ok" and r.get("mfu")]
-    want = "longlora" if method == "longlora" else "base"
-    rows = [r for r in rows if r["method"] == want] or [r for r in rows if r["method"] == "base"]
+    # the method's own training step where the bench measured it (LongLoRA's shifted sparse attention), else base's
+    rows = [r for r in rows if r["method"] == method] or [r for r in rows if r["method"] == "base"]
     if not rows:
         return None
     r = min(rows, key=lambda r: (abs(math.log(r["tokens"] / T)), r["backend"] != "flex"))

@@ -44,11 +44,19 @@ def _fmt(v, ci=None):
     return "—" if v is None else str(v)
 
 
-PRIMARY = ("accuracy", "ppl", "score", "average")  # the metric an evaluator's ``ci`` belongs to
+def headline(row: dict, entry: str) -> str | None:
+    """The metric the evaluator of suite entry ``entry`` declares as its headline (``metric``, harness.evals): the
+    one its ``ci`` belongs to. None for an evaluator this harness no longer has."""
+    from harness.evals import EVALS
+
+    node = ((((row.get("config") or {}).get("eval") or {}).get("suite") or {}).get(entry) or {})
+    name = node.get("name") if isinstance(node, dict) else None
+    return getattr(EVALS.get(name or entry), "metric", None) if (name or entry) in EVALS else None
 
 
 def summary(row: dict) -> Table:
-    """The row's per-length metrics, each with its 95% interval where the evaluator stored one (``ci``)."""
+    """The row's per-length metrics; each evaluator's headline metric with its 95% interval where the evaluator
+    stored one (``ci``)."""
     t = Table(title=f"run {row['run_id']}  {row.get('model')} / {row.get('method')} / train={row.get('train')}  "
                     f"[{row['status']}]", caption="[95% interval]: Wilson (accuracies, scores), bootstrap over "
                                               "documents (PPL); n per cell in the row")
@@ -57,12 +65,13 @@ def summary(row: dict) -> Table:
     for key, m in (row.get("metrics") or {}).items():
         if not isinstance(m, dict):
             continue
+        main = headline(row, key)
         for metric, val in m.items():
             if metric in ("ci", "per_sample", "correct", "depth", "task_ci"):
                 continue
             if isinstance(val, dict) and val and all(str(k).isdigit() for k in val) and \
                     not isinstance(next(iter(val.values())), (dict, list)):
-                ci = m.get("ci") if metric in PRIMARY and isinstance(m.get("ci"), dict) else {}
+                ci = m.get("ci") if metric == main and isinstance(m.get("ci"), dict) else {}
                 series.append((f"{key}.{metric}", val, ci))
                 lengths += [k for k in val if k not in lengths]
     lengths.sort(key=int)

@@ -15,8 +15,9 @@ How it fits together:
   ``shards/<entry>@<L>/samples/`` per-sample records) and the one row ``<results_dir>/runs/<run_id>.json``.
   Rerunning the same command therefore finds the same row; to start over, delete that directory and row.
 - Shards (``plan``): ``train`` when the train config is enabled, then for every suite entry one shard per evaluation
-  length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for the evaluators in ``BY_LENGTH``, or one
-  shard ``<entry>`` (LongBench, many-shot, NLL by position, NIAH with its own ``context_lengths`` grid).
+  length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for an evaluator that declares ``by_length``
+  (its lengths computed independently: ppl, passkey, RULER, NIAH without its own ``context_lengths`` grid), or one
+  shard ``<entry>`` (LongBench, many-shot, NLL by position, ...).
   ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job) or ``train``.
 - A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
   status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
@@ -81,27 +82,18 @@ def train_enabled(cfg) -> bool:
 
 def plan(cfg) -> list[Shard]:
     """Every shard of the run, in execution order."""
+    from harness.evals import build_evaluators
+
     out = [Shard("train")] if train_enabled(cfg) else []
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
-    for entry, node in suite.items():
-        node = node or {}
-        lengths = node.get("lengths") if by_length(node) else None
+    for (entry, node), ev in zip(suite.items(), build_evaluators(suite)):
+        # an evaluator that computes its lengths independently says so (``by_length``): one shard per length
+        lengths = (node or {}).get("lengths") if getattr(ev, "by_length", False) else None
         if lengths:
             out += [Shard(f"{entry}@{int(L)}", entry, int(L)) for L in lengths]
         else:
             out.append(Shard(entry, entry, None))
     return out
-
-
-# evaluators whose output is a per-length map computed length by length (so a shard per length is exact); the
-# others (niah with its own context_lengths grid, nll_by_position, longbench, manyshot_trec, short_context: one
-# prompt budget or none) are one shard per suite entry
-BY_LENGTH = ("ppl", "passkey", "ruler", "niah")
-
-
-def by_length(node: dict) -> bool:
-    name = node.get("name")
-    return name in BY_LENGTH and not (name == "niah" and node.get("context_lengths"))
 
 
 def select(cfg, spec: str) -> list[Shard]:

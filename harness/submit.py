@@ -133,7 +133,7 @@ class Point:
         return submitit.helpers.DelayedSubmission(self)
 
 
-def plan_sweep(overrides: list[str], cluster: str = "slurm", env=None) -> dict:
+def plan_sweep(overrides: list[str], cluster: str = "slurm") -> dict:
     """Compose and check every point of ``python run.py -m <overrides>``; the submission's record (no job yet)."""
     from harness import pipeline, sweeps
     from harness.results import now_iso
@@ -146,14 +146,14 @@ def plan_sweep(overrides: list[str], cluster: str = "slurm", env=None) -> dict:
         except Exception as e:  # noqa: BLE001
             raise sweeps.SweepJobError(job, e) from None
     first = cfgs[0]
-    sweep_dir = str(first.hydra.sweep.dir)  # resolved once (its ${now:...}): every point under one directory
+    sweep_dir = str(Path(str(first.hydra.sweep.dir)).resolve())  # once (its ${now:...}); absolute, as rows record
     for cfg in cfgs:
         with open_dict(cfg):
             cfg.hydra.sweep.dir = sweep_dir
     launcher = OmegaConf.to_container(first.hydra.launcher, resolve=True)
     one_node(launcher, cfgs)
     cwd = Path.cwd()
-    ckpt = str(job_ckpt_dir(first, list(launcher.get("setup") or []), cwd, env)) if cluster == "slurm" else None
+    ckpt = str(job_ckpt_dir(first, list(launcher.get("setup") or []), cwd)) if cluster == "slurm" else None
     points = []
     for n, (job, cfg) in enumerate(zip(jobs, cfgs)):
         with open_dict(cfg):

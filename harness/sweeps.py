@@ -40,10 +40,11 @@ def _first_values(overrides: list[str]) -> list[str]:
 
 
 def sweeper_params(argv: list[str]) -> list[str]:
-    """``hydra.sweeper.params`` of the composed config, as override strings."""
+    """``hydra.sweeper.params`` of the composed config, as override strings (resolved, as Hydra's sweeper reads
+    them: ``point: ${points:tiny_study}`` is the experiment's every point)."""
     cfg = compose(_first_values(argv), with_hydra=True)
     node = cfg.hydra.sweeper.get("params")
-    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
+    params = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return [f"{k}={' '.join(str(v).split())}" for k, v in params.items()]
 
 

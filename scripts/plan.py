@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import plan, sweeps
+from harness.evals import longbench, manyshot_trec, ppl
 from harness.results import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,12 @@ def build(overrides: list[str], args: plan.PlanArgs, job_ckpt: bool = False) -> 
     return {"command": "python scripts/plan.py " + " ".join(overrides), "gpu": args.gpu, "points": rows,
             "ckpt_dir": ckpt_dir or str(sweeps.compose(jobs[0]).paths.ckpt_dir),
             "summary": plan.sweep_summary(rows, launcher),
-            "assumptions": {"ASSUMED_MFU": plan.ASSUMED_MFU, "ASSUMED_DOC_TOKENS": plan.ASSUMED_DOC_TOKENS,
+            "assumptions": {"ASSUMED_MFU": plan.ASSUMED_MFU, "ASSUMED_DOC_TOKENS": ppl.ASSUMED_DOC_TOKENS,
                             "ASSUMED_DECODE_EFFICIENCY": plan.ASSUMED_DECODE_EFFICIENCY,
                             "ASSUMED_USABLE_MEMORY": plan.ASSUMED_USABLE_MEMORY,
-                            "ASSUMED_LONGBENCH_SAMPLES": plan.ASSUMED_LONGBENCH_SAMPLES,
-                            "ASSUMED_TREC_ITEMS": plan.ASSUMED_TREC_ITEMS,
-                            "ASSUMED_TOKENS_PER_SHOT": plan.ASSUMED_TOKENS_PER_SHOT}}
+                            "ASSUMED_LONGBENCH_SAMPLES": longbench.ASSUMED_SAMPLES,
+                            "ASSUMED_TREC_ITEMS": manyshot_trec.ASSUMED_ITEMS,
+                            "ASSUMED_TOKENS_PER_SHOT": manyshot_trec.ASSUMED_TOKENS_PER_SHOT}}
 
 
 def cluster_ckpt_dir(cfg) -> str:

@@ -73,7 +73,8 @@ def results_env(tmp_path, monkeypatch):
 
 
 # The integration tier: modules (``test_x.py``) and tests (``test_x.py::test_name``, every parametrised case) that
-# start processes (run.py, scripts, torchrun ranks, multiprocessing) or run the fine-tuning loop or a pipeline stage.
+# start processes (run.py, scripts, torchrun ranks, multiprocessing), run the fine-tuning loop or a pipeline stage,
+# or run a whole tool at smoke sizes (bench_gpu --smoke).
 # A new test may instead carry ``@pytest.mark.integration``. ``_no_process`` below finds what this list misses.
 INTEGRATION = (
     "test_concurrency.py",
@@ -85,6 +86,7 @@ INTEGRATION = (
     "test_robustness.py",
     "test_shards.py",
     "test_study.py",
+    "test_bench_gpu.py::test_bench_gpu_smoke_runs_every_section",
     "test_checkpoints.py::test_checkpoint_files_get_the_umask_permissions",
     "test_checkpoints.py::test_concurrent_runs_of_one_config_do_not_corrupt_each_other",
     "test_checkpoints.py::test_corrupt_newest_checkpoint_falls_back_with_warning",
@@ -125,8 +127,9 @@ INTEGRATION = (
 )
 TIERS = ("unit", "integration", "slow")
 TIERS_KEY = pytest.StashKey[dict]()  # node id -> its tier names (the fixture ``collected_tiers``)
-# A unit test may run git: the results row reads the checkout's commit (``harness.results.git_sha``, a few ms).
-ALLOWED_PROGRAMS = ("git",)
+# A unit test may run these: a results row records the checkout's commit (``harness.results.git_sha``) and the
+# machine (``platform.platform()`` asks ``uname -p`` once per process); each takes a few ms.
+ALLOWED_PROGRAMS = ("git", "uname")
 
 
 def _listed(item) -> bool:
@@ -170,9 +173,10 @@ def _no_training(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def _no_process(request, monkeypatch):
-    """A unit test that starts a process (subprocess other than git, multiprocessing, fork, os.system) or runs the
-    fine-tuning loop fails with one line naming it: the unit tier stays fast and runs anywhere. ``finetune`` is
-    swapped by its code object because tests hold the function itself (``from harness.train.loop import finetune``)."""
+    """A unit test that starts a process (a program not in ``ALLOWED_PROGRAMS``, multiprocessing, fork, os.system)
+    or runs the fine-tuning loop fails with one line naming it: the unit tier stays fast and runs anywhere.
+    ``finetune`` is swapped by its code object because tests hold the function itself (``from harness.train.loop
+    import finetune``)."""
     if request.node.get_closest_marker("unit") is None:
         return
     from harness.train import loop

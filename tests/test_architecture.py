@@ -18,7 +18,8 @@ FLOORS = [
                 "tracking"}),
     ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
     ("components", {"models", "methods", "data"}),
-    ("consumers", {"evals", "train", "tables"}),
+    ("consumers", {"evals", "train"}),
+    ("tables", {"tables"}),  # reads what the evaluators declare (metric, reader) and the methods' facts
     ("search", {"search"}),
     ("parallel", {"eval_distributed"}),  # data-parallel evaluation: ranks run evaluators; pipeline starts them
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),

@@ -20,6 +20,7 @@ import pytest
 
 from harness import stats
 from harness.tables import findings as fd
+from harness.tables.paper import Paper
 from harness.tables.rows import RowSet, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +258,7 @@ def test_short_context_costs_use_the_same_data_control_and_long_gains_an_in_wind
     # beside, against the frozen base: the 1..C difference has the other sign, and the report says it decides nothing
     short = [p for p in after["l"].controls if p.what.endswith("1..C")]
     assert len(short) == 2 and all(p.ci[2] < 0 for p in short), [p.text() for p in short]
-    assert len(after["k"].controls) == len(fd.FT_32K) and "same-data control" in after["k"].reference
+    assert len(after["k"].controls) == len(fd.ft_32k(Paper())) and "same-data control" in after["k"].reference
     assert "LM-Infinite" in after["l"].reference and "in-window" in after["l"].reference
     # without the control there is no verdict on the short-context parts: the frozen base does not stand in for it
     no_ctrl = verdicts([r for r in rows if r["run_id"] != "base_ft-t"])

@@ -8,6 +8,7 @@ import pytest
 from conftest import ROOT, load_file_module
 
 from harness import plan
+from harness.evals.ppl import ASSUMED_DOC_TOKENS
 
 
 def plan_script():
@@ -55,7 +56,7 @@ def test_eval_prompt_tokens_per_evaluator(table1):
     assert ev["passkey"]["prompt_tokens"] == 50 * (4096 + 8192 + 16384 + 32768 + 65536)
     assert ev["ruler"]["prompt_tokens"] == 13 * 500 * (4096 + 8192 + 16384 + 32768 + 65536)
     assert ev["niah"]["prompts"] == 40 * 10
-    n = 10 * plan.ASSUMED_DOC_TOKENS
+    n = 10 * ASSUMED_DOC_TOKENS
     windows = {L: len(range(0, n - L, 256)) - 1 for L in (2048, 4096, 8192, 16384, 32768, 65536)}
     assert ev["ppl_pg19"]["prompt_tokens"] == sum(L * w for L, w in windows.items())
     assert "ASSUMPTION" in ev["ppl_pg19"]["basis"] and "UPPER BOUND" in ev["longbench"]["basis"]

@@ -12,6 +12,20 @@ and whatever an evaluator's own ``check(native_ctx, where)`` / ``check_data(wher
 directory that is missing, empty or not text). ``max_length()`` (the longest input an evaluator builds) feeds the
 memory check made once the model is loaded (``harness.models.check_fits``).
 
+What the rest of the harness knows about an evaluator is declared on its class, never in a table keyed by its
+name (the registry refuses a class without ``metric`` and ``count_prompts`` when it registers):
+
+- ``metric``: the headline metric of its output (``{"accuracy": {length: value}}``), the one its ``ci`` belongs to
+  (the console summary, ``harness.report``; the tables' floors and columns);
+- ``count_prompts(lengths, limit) -> ({length: prompts}, basis)``: the plan's cost model (``harness.plan``): inputs per
+  length, given the eval's default ``lengths`` and the method's longest supported length ``limit`` (None =
+  unbounded), and a line saying what the count rests on (an ASSUMPTION where the data is not at hand);
+- ``by_length`` (default False): its lengths are computed independently (seeds per length), so the shards
+  (``harness.shards``) may split it into one shard per length and merge the outputs exactly;
+- ``reader`` (optional): how the tables read one length's number with its interval, by the shape of the output
+  (``harness.tables.estimates.SHAPES``: ``proportion``, ``niah``, ``ruler``, ``ppl``, ``percent``);
+- ``extended`` (optional): its column title in the 2024-benchmarks table (``harness.tables.build.extended_table``).
+
 Data-parallel evaluation (``eval_world_size`` > 1, ``harness.eval_distributed``): every rank runs the same evaluator
 on its own replica with an ``EvalContext`` that knows its ``rank`` and ``world_size``. ``ctx.map(fn, items)`` (or
 ``ctx.map_blocks`` for batched work) gives each rank one contiguous block of ``items`` and returns the full ordered
@@ -30,7 +44,16 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from harness.config import ConfigError
 from harness.registry import Registry
 
-EVALS: Registry = Registry("evaluator", "harness.evals")
+
+def _check_declarations(name: str, cls) -> None:
+    """Registration check of ``EVALS``: the declarations every evaluator makes (module docstring)."""
+    missing = [a for a in ("metric", "count_prompts") if not hasattr(cls, a)]
+    if missing:
+        raise ConfigError(f"evaluator {name!r} ({getattr(cls, '__module__', '?')}) does not declare {missing} "
+                          f"(harness.evals: the headline metric and the plan's cost model)")
+
+
+EVALS: Registry = Registry("evaluator", "harness.evals", check=_check_declarations)
 MAX_EVAL_WINDOWS = 1024  # the longest evaluation length: this many native windows (LLaMA2: 4M tokens; tiny: 262k)
 
 
@@ -133,14 +156,24 @@ def set_writer(main: bool) -> None:
 @runtime_checkable
 class Evaluator(Protocol):
     """The contract of a registered evaluator: an ``Args`` dataclass (``EvalArgs`` or a subclass), built as
-    ``cls(args)`` (``Registry.build``), and ``run(handle, method, ctx) -> dict`` of JSON-able metrics. Optional hooks,
-    called when present: ``check(native_ctx, where)``, ``check_data(where)``, ``max_length()``; a class attribute
-    ``version`` (1 when absent)."""
+    ``cls(args)`` (``Registry.build``), ``run(handle, method, ctx) -> dict`` of JSON-able metrics, and its
+    declarations (module docstring: ``metric``, ``count_prompts``; optional ``by_length``, ``reader``,
+    ``extended``). Optional hooks, called when present: ``check(native_ctx, where)``, ``check_data(where)``,
+    ``max_length()``; a class attribute ``version`` (1 when absent)."""
 
     Args: ClassVar[type]
     args: Any
+    metric: ClassVar[str]
+
+    def count_prompts(self, lengths: list, limit: int | None) -> tuple[dict, str]: ...
 
     def run(self, handle: Any, method: Any, ctx: EvalContext) -> dict: ...
+
+
+def lengths_within(own, lengths, limit: int | None) -> list[int]:
+    """An evaluator's lengths (its own, else the eval's default ``lengths``) up to ``limit`` (None = all): what it
+    evaluates under a method that supports at most ``limit`` tokens (``count_prompts``)."""
+    return [int(L) for L in (own or lengths or []) if limit is None or int(L) <= limit]
 
 
 def build_evaluators(suite_cfg) -> list:

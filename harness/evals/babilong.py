@@ -50,7 +50,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals._ruler_data import DoesNotFit
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import BABILONG_PROMPTS, BABILONG_TEMPLATE
@@ -351,6 +351,16 @@ def read_release(files: list[Path], n: int) -> list[dict]:
 class Babilong:
     data_parallel = True  # prompts decoded through ctx.map (each task x length)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+    reader = "ruler"  # RULER's output shape: a length's mean over tasks with its interval (0..100)
+    extended = "BABILong"  # its column in the 2024-benchmarks table
+
+    def count_prompts(self, lengths, limit):
+        """{length: tasks x samples} and its basis."""
+        a = self.args
+        n = len(a.tasks) * a.samples
+        return ({L: n for L in lengths_within(a.lengths, lengths, limit)},
+                f"{len(a.tasks)} tasks x {a.samples} samples x lengths")
 
     @dataclass
     class Args(EvalArgs):

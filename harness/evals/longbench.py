@@ -49,13 +49,14 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, lengths_within, write_jsonl
 from harness.evals import _longbench_metrics as M
 from harness.evals.common import greedy_generate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "longbench"
 CHAT_TEMPLATES = {"": "{prompt}", "none": "{prompt}", "llama2": "[INST]{prompt}[/INST]"}
 SUBSETS = {"paper": M.TASKS, "entropy_abf": M.ENTROPY_ABF_TASKS}
+ASSUMED_SAMPLES = 200  # ASSUMPTION (the plan): samples per task when not capped (most official test sets have 200)
 
 
 def load_task(data_dir: str | Path, task: str, samples: int = 0) -> list[dict]:
@@ -163,6 +164,17 @@ def rescore_file(path: str | Path, variant: str = "lceg", average: str = "catego
 class LongBench:
     data_parallel = True  # samples generated through ctx.map (per task)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+
+    def count_prompts(self, lengths, limit):
+        """{prompt budget: tasks x samples}: an upper bound (every prompt counted at the full budget)."""
+        a = self.args
+        ok = lengths_within(a.lengths, lengths, limit)
+        tasks = a.tasks or SUBSETS[a.subset]
+        budget = int(a.max_length or max(ok or [0]))
+        return ({budget: len(tasks) * (a.samples or ASSUMED_SAMPLES)},
+                f"UPPER BOUND: {len(tasks)} tasks x samples (ASSUMPTION {ASSUMED_SAMPLES} when not capped) x the "
+                f"full {budget}-token budget")
 
     @dataclass
     class Args(EvalArgs):

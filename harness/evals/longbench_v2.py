@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache
 from harness.evals.templates import LONGBENCH_V2_TEMPLATE
 from harness.stats import bounded_interval
@@ -41,6 +41,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "longben
 FIELDS = ("_id", "domain", "sub_domain", "difficulty", "length", "question", "choice_A", "choice_B", "choice_C",
           "choice_D", "answer", "context")
 LENGTHS = ("short", "medium", "long")
+RELEASED_ITEMS = 503  # items of the released data.json (samples: 0 = all)
 DIFFICULTIES = ("easy", "hard")
 
 
@@ -117,6 +118,15 @@ def summarize(records: list[dict]) -> dict:
 @EVALS.register("longbench_v2")
 class LongBenchV2:
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
+    reader = "percent"  # the tables read a length's accuracy in % over items
+    extended = "LongBench v2"  # its column in the 2024-benchmarks table
+
+    def count_prompts(self, lengths, limit):
+        """{length: items} and its basis (every item truncated to each length)."""
+        n = self.args.samples or RELEASED_ITEMS
+        return ({L: n for L in lengths_within(self.args.lengths, lengths, limit)},
+                f"{n} items x lengths" + ("" if self.args.samples else " (all of the release)"))
 
     @dataclass
     class Args(EvalArgs):

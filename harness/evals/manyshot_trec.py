@@ -33,13 +33,14 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, write_jsonl
 from harness.evals._longbench_metrics import PROMPTS, sample_score
 from harness.evals.common import greedy_generate
 from harness.evals.longbench import middle_truncate
 
 BANK = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "trec" / "questions.jsonl"
 SHOTS = [1, 5, 10, 25, 50, 75, 100, 200, 300, 400, 500, 625, 750, 875, 1000]
+ASSUMED_ITEMS, ASSUMED_TOKENS_PER_SHOT = 500, 20  # ASSUMPTION (the plan): TREC test items; tokens per demonstration
 LONGBENCH_TREC_CLASSES = [
     "Food", "Date", "Order, rank", "Speed", "Disease and medicine", "Word with a special property", "Abbreviation",
     "Language", "Letter like a-z", "Other entity", "Animal", "Expression abbreviated", "Price",
@@ -97,6 +98,19 @@ def read_records(path: str | Path) -> list[dict]:
 class ManyShotTrec:
     data_parallel = True  # items generated through ctx.map (per shot count)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
+
+    def count_prompts(self, lengths, limit):
+        """{prompt length: items}: each shot count's prompt of ``shots x ASSUMED_TOKENS_PER_SHOT`` tokens (at most
+        the budget)."""
+        a = self.args
+        budget = int(a.max_length or max(lengths_within(a.lengths, lengths, limit) or [0]))
+        items = a.samples or ASSUMED_ITEMS
+        out: dict = {}
+        for k in a.shots:
+            L = min(budget, int(k) * ASSUMED_TOKENS_PER_SHOT)
+            out[L] = out.get(L, 0) + items
+        return out, f"ASSUMPTION {items} test items x shots x {ASSUMED_TOKENS_PER_SHOT} tokens per shot (<= budget)"
 
     @dataclass
     class Args(EvalArgs):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.evals import EVALS, EvalArgs, check_positive, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import NIAH_NEEDLE, NIAH_PROMPT, NIAH_QUESTION
 from harness.stats import bounded_interval
@@ -105,6 +105,20 @@ def grid(values, default):
 class NeedleInAHaystack:
     data_parallel = True  # prompts decoded through ctx.map
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "score"  # the headline metric (harness.evals: what an evaluator declares)
+    reader = "niah"  # the tables read a length's summed word-overlap scores over depths
+
+    @property
+    def by_length(self) -> bool:
+        """One shard per length, unless the LCEG grid (``context_lengths``) sets the lengths itself."""
+        return not self.args.context_lengths
+
+    def count_prompts(self, lengths, limit):
+        """{context length: depths} of the LCEG grid (or the lengths) and its basis."""
+        a = self.args
+        cl = [L for L in grid(a.context_lengths or [], lengths_within(a.lengths, lengths, limit))
+              if limit is None or L <= limit]
+        return {L: a.depth_intervals for L in cl}, "context lengths x depths (LCEG grid)"
 
     @dataclass
     class Args(EvalArgs):

@@ -34,7 +34,7 @@ import torch
 
 from harness.config import ConfigError
 from harness.data.sources import SOURCES, load_source, local_directory
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals.common import token_nll, window_nlls
 
 DATASET_FORMS = f"{', '.join(sorted(SOURCES))}, dir:<directory of .txt files>, bin:<LongLoRA .bin file>"
@@ -93,6 +93,19 @@ def yarn_windows(n_tokens: int, L: int, stride: int, truncate: bool, add_bos: bo
     return out
 
 
+ASSUMED_DOC_TOKENS = 100_000  # ASSUMPTION (the plan): tokens of one PG19 / Proof-pile document when the data is absent
+
+
+def doc_stream_tokens(dataset: str, samples: int) -> tuple[int, str]:
+    """Tokens of the first ``samples`` documents of a LongLoRA ``bin:`` file (the plan's window count), or the
+    ASSUMPTION of ``ASSUMED_DOC_TOKENS`` per document when the file is not here; and the basis of the number."""
+    if dataset.startswith("bin:"):
+        path = Path(dataset[4:])
+        if path.is_file():
+            return sum(len(d) for d in load_token_stream(str(path), samples)), f"{path} (first {samples} documents)"
+    return samples * ASSUMED_DOC_TOKENS, f"ASSUMPTION {samples} x {ASSUMED_DOC_TOKENS:,} tokens (data not here)"
+
+
 def longlora_starts(n_tokens: int, L: int, stride: int) -> list[int]:
     ix = list(range(0, n_tokens - L, stride))
     if ix:
@@ -110,6 +123,20 @@ def subsample(starts: list[int], k: int) -> list[int]:
 @EVALS.register("ppl")
 class Perplexity:
     data_parallel = True  # windows scored through ctx.map_blocks / ctx.map
+    metric = "ppl"  # the headline metric (harness.evals: what an evaluator declares)
+    reader = "ppl"  # the tables read a length's PPL with its interval over windows
+    by_length = True  # lengths scored independently: one shard per length is exact
+
+    def count_prompts(self, lengths, limit):
+        """{length: windows scored} and its basis: one window per document (yarn), or the LongLoRA protocol's
+        windows every ``stride`` tokens over the documents' token stream."""
+        a = self.args
+        ok = lengths_within(a.lengths, lengths, limit)
+        if a.protocol == "longlora":
+            n, basis = doc_stream_tokens(a.dataset, a.samples)
+            return ({L: len(subsample(longlora_starts(n, L, a.stride), a.max_windows)) for L in ok},
+                    f"windows every {a.stride} tokens over {basis}")
+        return {L: a.samples for L in ok}, "one window per document and length"
     @dataclass
     class Args(EvalArgs):
         name: str = "ppl"

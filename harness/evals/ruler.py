@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
 from harness.evals.common import PrefixCache, reuse_order
 from harness.stats import bounded_interval
@@ -39,6 +39,16 @@ from harness.stats import bounded_interval
 class Ruler:
     data_parallel = True  # prompts decoded through ctx.map (each task x length)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+    reader = "ruler"  # the tables read a length's mean over tasks with its interval (0..100)
+    by_length = True  # samples seeded per task and length: one shard per length is exact
+
+    def count_prompts(self, lengths, limit):
+        """{length: tasks x samples} and its basis."""
+        a = self.args
+        n = len(a.tasks) * a.samples
+        return ({L: n for L in lengths_within(a.lengths, lengths, limit)},
+                f"{len(a.tasks)} tasks x {a.samples} samples x lengths")
 
     @dataclass
     class Args(EvalArgs):

@@ -35,11 +35,13 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, write_jsonl
+from harness.evals import EVALS, EvalArgs, lengths_within, write_jsonl
 
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "short_context"
 # LongRoPE Table 8 / Open LLM Leaderboard v1 shots and metrics.
 DEFAULT_FEWSHOT = {"arc_challenge": 25, "hellaswag": 10, "mmlu": 5, "truthfulqa_mc2": 0}
+# documents of the split lm-eval scores per task (the plan's count when ``limit`` is 0)
+SPLIT_DOCS = {"arc_challenge": 1172, "hellaswag": 10042, "mmlu": 14042, "truthfulqa_mc2": 817}
 METRIC = {"arc_challenge": "acc_norm", "hellaswag": "acc_norm", "mmlu": "acc", "truthfulqa_mc2": "acc"}
 # lm-eval truthfulqa_mc1.yaml's fixed QA primer (Lin et al. 2021), verbatim.
 TQA_PRIMER = (
@@ -189,6 +191,17 @@ def _read_summaries(path: Path) -> dict:
 
 @EVALS.register("short_context")
 class ShortContext:
+    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+
+    def count_prompts(self, lengths, limit):
+        """{context budget: documents}: an upper bound (every document at the full budget); the documents per task
+        are ``limit`` or the size of the split lm-eval scores (``SPLIT_DOCS``)."""
+        a = self.args
+        budget = int(a.max_length or max(lengths_within(a.lengths, lengths, limit) or [0]))
+        n = sum(a.limit or SPLIT_DOCS.get(t, 0) for t in a.tasks)
+        return ({budget: n} if budget else {}), (f"UPPER BOUND: {len(a.tasks)} tasks, {n} documents x the full "
+                                                 f"{budget}-token budget" if budget else
+                                                 "context budget unknown here (max_length 0: the model's)")
     @dataclass
     class Args(EvalArgs):
         name: str = "short_context"

@@ -77,7 +77,7 @@ def _facts_of(key: str, node, where: str) -> Facts:
     return Facts(key=str(node.get("key") or key), **{k: v for k, v in node.items() if k != "key"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _declared(name: str, where) -> Facts | None:
     """The facts of ``conf/method/<name>.yaml`` (a plugin's included: ``where`` is the file), None without a YAML."""
     if where is None:
@@ -105,10 +105,10 @@ def _check_facts(name: str, obj) -> None:
 METHODS: Registry = Registry("method", "harness.methods", check=_check_facts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _variants(dirs: tuple) -> dict:
-    """``{study.row: (method, point facts)}`` of every sweep point (``<conf>/point/*/*.yaml``) that declares a variant
-    with ``method: {facts: {key: ...}}``: rows recorded before their facts were, matched by the point's ``study.row``."""
+    """``{study.row: (method, point facts)}`` of every sweep point (``<conf>/point/*/*.yaml``) that declares a
+    variant with ``method: {facts: {key: ...}}``: rows recorded before their facts were, matched by ``study.row``."""
     from omegaconf import OmegaConf
 
     out = {}

@@ -619,18 +619,23 @@ def summary_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
     return [t for t in (summary_table(rs, paper, model, "passkey"), summary_table(rs, paper, model, "ppl_pg19")) if t]
 
 
-EXTENDED = (("babilong", "BABILong"), ("helmet_recall", "HELMET recall"), ("longbench_v2", "LongBench v2"))
+def extended_sources(rs: RowSet) -> list[tuple[str, str]]:
+    """``(source, column title)`` of every source whose evaluator declares a column of the 2024-benchmarks table
+    (``extended``), in ``spec.yaml`` order."""
+    return [(src, est.evaluator(rs, src).extended) for src in rs.spec["sources"]
+            if getattr(est.evaluator(rs, src), "extended", None)]
 
 
 def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     """The 2024 benchmarks (``eval=extended``): one row per configuration, one column per benchmark and length
     (multiples of C), ours with its 95% interval (0..100); no paper numbers (the controlled study has none)."""
     ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
-    cols = [(src, lab, f) for src, lab in EXTENDED
-            for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src, est.METRIC[src])})]
+    extended = extended_sources(rs)
+    cols = [(src, lab, f) for src, lab in extended
+            for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src, est.metric(rs, src))})]
     if not cols:
         return None
-    floors = {src: est.floor(rs, model, src) for src, _ in EXTENDED}
+    floors = {src: est.floor(rs, model, src) for src, _ in extended}
     t = Table(f"extended_{model}", f"Measured here: BABILong, HELMET recall, LongBench v2 ({model})",
               ["Method", "Training"] + [f"{lab} {f:g}C" for _, lab, f in cols], label_cols=2,
               notes=[f"C = {ents[0].native_ctx} tokens; ours only, each cell with its 95% interval. BABILong: mean "

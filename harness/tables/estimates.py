@@ -168,15 +168,33 @@ def accuracy_pct(m: dict, L) -> Est | None:
     return Est(v, est[1], est[2], len(x), "items", "bounded", x, True, top=100.0)
 
 
-# babilong and helmet_recall rows have RULER's shape (average / average_over / tasks / per_sample[task][L], 0..100)
-READERS = {"passkey": ("passkey", passkey), "niah": ("niah", niah), "ruler": ("ruler", ruler_average),
-           "ppl_pg19": ("ppl", ppl), "ppl_proofpile": ("ppl", ppl), "babilong": ("babilong", ruler_average),
-           "helmet_recall": ("helmet_recall", ruler_average), "longbench_v2": ("longbench_v2", accuracy_pct)}
+# the readers by the shape of an evaluator's output; an evaluator names its own (``reader``, harness.evals): babilong
+# and helmet_recall rows have RULER's shape (average / average_over / tasks / per_sample[task][L], 0..100)
+SHAPES = {"proportion": passkey, "niah": niah, "ruler": ruler_average, "ppl": ppl, "percent": accuracy_pct}
 
 
-def at(rs: RowSet, e: Entry, source: str, factor: float, reader=None) -> Est | None:
+def evaluator(rs: RowSet, source: str):
+    """The evaluator class behind a ``spec.yaml`` source (its ``evaluator``, or ``reads`` for a source matched by
+    suite entries only): what it declares is how the tables read it."""
+    from harness.evals import EVALS
+
+    src = rs.spec["sources"][source]
+    return EVALS.get(src.get("evaluator") or src["reads"])
+
+
+def reader(rs: RowSet, source: str):
+    """``fn(metrics, length) -> Est``: the reader the source's evaluator declares (``SHAPES``)."""
+    return SHAPES[evaluator(rs, source).reader]
+
+
+def metric(rs: RowSet, source: str) -> str:
+    """The headline metric the source's evaluator declares (its per-length series in the row)."""
+    return evaluator(rs, source).metric
+
+
+def at(rs: RowSet, e: Entry, source: str, factor: float, reader_fn=None) -> Est | None:
     """The newest row of ``e`` with a value for ``source`` at length factor x C, as an ``Est``."""
-    fn = reader or READERS[source][1]
+    fn = reader_fn or reader(rs, source)
 
     def get(m, r):
         c = native_ctx(r)
@@ -194,7 +212,7 @@ def at(rs: RowSet, e: Entry, source: str, factor: float, reader=None) -> Est | N
     x = p.value
     if x is not None:
         x.run_id = (p.row or {}).get("run_id")
-        if x.ci is None and x.value is not None and reader is None:
+        if x.ci is None and x.value is not None and reader_fn is None:
             _from_records(rs, p, source, x)
     return x
 
@@ -236,10 +254,6 @@ def lengths_of(rs: RowSet, e: Entry, source: str, metric: str) -> list[float]:
 
 
 # -- floors and ceilings ------------------------------------------------------------------------------------------
-METRIC = {"passkey": "accuracy", "niah": "score", "ruler": "average", "babilong": "average",
-          "helmet_recall": "average", "longbench_v2": "accuracy"}
-
-
 @dataclass
 class Floor:
     measurable: bool = True
@@ -256,14 +270,14 @@ def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor
     if not rule:
         return Floor()
     thr, chance, ceil = rule.get("threshold"), rule.get("chance"), rule.get("ceiling")
-    reader = (lambda m, L: ruler_task(m, task, L)) if task else READERS[source][1]
-    metric = METRIC[source]
+    read = (lambda m, L: ruler_task(m, task, L)) if task else reader(rs, source)
+    series = metric(rs, source)
     ents = rs.for_model(model)
     unit = f" {task}" if task else ""
     values = []
     for e in ents:
-        for f in (lengths_of(rs, e, source, metric) if not task else _task_factors(rs, e, task)):
-            x = at(rs, e, source, f, reader)
+        for f in (lengths_of(rs, e, source, series) if not task else _task_factors(rs, e, task)):
+            x = at(rs, e, source, f, read)
             if x is not None and x.value is not None and math.isfinite(x.value):
                 values.append((e, f, x))
     out = Floor(threshold=thr, values=values)

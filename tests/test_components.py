@@ -1,0 +1,166 @@
+"""Components own their facts: a method and an evaluator kept outside the harness (one .py file and one YAML each,
+written into a temporary folder and named in ``HARNESS_PLUGINS``) reach a composed sweep, the tables, the findings'
+families, the plan and the report with nothing else touched; a component that leaves out what they need fails when
+it registers."""
+from __future__ import annotations
+
+import io
+import sys
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+from rich.console import Console
+
+from harness import plan, report, sweeps
+from harness.config import ConfigError
+from harness.evals import EVALS, EvalArgs
+from harness.methods import METHODS, Method, build_method, facts
+from harness.tables import build_all
+from harness.tables.build import attention
+from harness.tables.findings import Evidence, approx, exact_ft
+from harness.tables.paper import Paper
+from tests.test_tables import make_row, write_rows
+
+METHOD_PY = '''
+"""A method kept outside the harness: plain RoPE under another name (what it does is not the point here)."""
+from dataclasses import dataclass
+
+from harness.methods import METHODS, Method, MethodArgs
+
+
+@METHODS.register("toy_rope")
+class ToyRope(Method):
+    @dataclass
+    class Args(MethodArgs):
+        scale: float = 2.0
+'''
+METHOD_YAML = """
+name: toy_rope
+scale: 3.0
+facts: {label: Toy-RoPE, family: approximate, trains: true}
+"""
+EVAL_PY = '''
+"""An evaluator kept outside the harness: counts its prompts, measures nothing."""
+from dataclasses import dataclass
+
+from harness.evals import EVALS, EvalArgs, lengths_within
+
+
+@EVALS.register("toy_eval")
+class ToyEval:
+    metric = "hits"
+
+    @dataclass
+    class Args(EvalArgs):
+        samples: int = 3
+
+    def __init__(self, args):
+        self.args = args
+
+    def count_prompts(self, lengths, limit):
+        ok = lengths_within(self.args.lengths, lengths, limit)
+        return {L: self.args.samples for L in ok}, "samples x lengths"
+
+    def run(self, handle, method, ctx):
+        return {"hits": {}}
+'''
+EVAL_YAML = """
+name: toy_eval
+samples: 7
+lengths: ${eval.lengths}
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """The two plugin modules and their YAMLs in ``tmp_path``, on the path and in ``HARNESS_PLUGINS``; the registries
+    are restored afterwards (no other test sees them)."""
+    for r in (METHODS, EVALS):
+        r.autoload()  # the shipped components, registered before the plugins are listed
+    saved = [(r, dict(r._items), set(r._plugins)) for r in (METHODS, EVALS)]
+    for rel, text in {"toy_method.py": METHOD_PY, "conf/method/toy_rope.yaml": METHOD_YAML,
+                      "toy_eval.py": EVAL_PY, "conf/evaluator/toy_eval.yaml": EVAL_YAML}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("HARNESS_PLUGINS", "toy_method,toy_eval")
+    yield tmp_path
+    for r, items, loaded in saved:
+        r._items, r._plugins = items, loaded
+    for m in ("toy_method", "toy_eval"):
+        sys.modules.pop(m, None)
+
+
+def test_plugin_method_and_evaluator_reach_every_consumer(plugins, tmp_path):
+    # a sweep: the new method beside a shipped one, the new evaluator added to the tiny suite
+    jobs = sweeps.expand(["model=llama2_7b", "method=toy_rope,pi", "+evaluator@eval.suite.toy=toy_eval"])
+    assert [j[1] for j in jobs] == ["method=toy_rope", "method=pi"]
+    cfg = sweeps.compose(jobs[0])
+    assert cfg.method.name == "toy_rope" and cfg.eval.suite.toy.samples == 7   # the plugins' YAMLs composed
+    assert build_method(cfg.method).args.scale == 3.0                          # facts are not a parameter
+    assert "toy_rope" in METHODS and "toy_eval" in EVALS
+
+    # the plan counts the new evaluator's prompts by its own cost model
+    ev = plan.point_plan(cfg, plan.PlanArgs(bench="/none"))["eval"]["toy"]
+    lengths = list(cfg.eval.lengths)
+    assert ev["prompts"] == 7 * len(lengths) and ev["evaluator"] == "toy_eval"
+
+    # the tables: a row of the new method renders with its label, in its family's group
+    rows = [make_row(tmp_path, "r1-base", "base", train="none"), make_row(tmp_path, "r2-toy", "toy_rope")]
+    out = build_all(write_rows(tmp_path, rows), tmp_path / "tables", tmp_path / "figures", figures=False)
+    assert out["errors"] == []
+    t1 = next(t for t in out["tables"] if t.id == "table1_tiny_llama")
+    md = (tmp_path / "tables" / "table1_tiny_llama.md").read_text().splitlines()
+    assert [r for r in md if r.startswith("|") and "Toy-RoPE" in r][0].startswith(
+        "| Approxi. Attention | Fine-Tuned | Toy-RoPE |")
+    entry = next(e for e in out["rowset"].entries if e.method == "toy_rope")
+    assert entry.label == "Toy-RoPE" and attention(out["rowset"], entry) == "approximate" and t1.n_ours() > 0
+
+    # the findings' families: the new method is on the approximate side, never a paper row of Table 1
+    assert Evidence(out["rowset"], "tiny_llama").family(entry) == "approximate"
+    paper = Paper()
+    assert "toy_rope" not in exact_ft(paper) + approx(paper)
+
+    # the report: the new evaluator's headline metric with its interval
+    row = {"run_id": "r", "status": "ok", "config": {"eval": {"suite": {"toy": {"name": "toy_eval"}}}},
+           "metrics": {"toy": {"hits": {"512": 0.5}, "ci": {"512": [0.25, 0.75]}}}}
+    con = Console(width=200, record=True, file=io.StringIO())
+    con.print(report.summary(row))
+    assert "| toy.hits | 0.50 [0.25,0.75] |" in con.export_text().replace("\u2502", "|")
+    assert facts("toy_rope").trains and not facts("toy_rope").beyond_paper
+
+
+def test_component_without_its_facts_fails_when_it_registers(plugins):
+    class NoFacts(Method):
+        pass
+
+    with pytest.raises(ConfigError, match=r"method 'no_such_toy' .* has no conf/method/no_such_toy.yaml"):
+        METHODS.register("no_such_toy")(NoFacts)
+    (plugins / "conf" / "method" / "no_such_toy.yaml").write_text("name: no_such_toy\nfacts: {label: X}\n")
+    with pytest.raises(ConfigError, match=r"facts: missing \['family', 'trains'\]"):
+        METHODS.register("no_such_toy")(NoFacts)
+
+    class Silent:
+        @dataclass
+        class Args(EvalArgs):
+            pass
+
+    with pytest.raises(ConfigError, match=r"evaluator 'silent_toy' .* does not declare \['metric', 'count_prompts'\]"):
+        EVALS.register("silent_toy")(Silent)
+    assert "no_such_toy" not in METHODS and "silent_toy" not in EVALS
+
+
+def test_every_method_and_evaluator_declares_what_the_tables_read():
+    """The shipped components: every method's facts (its Table 1 family and training agree with the paper's own
+    columns), every evaluator's headline metric and a reader the tables know."""
+    from harness.tables.estimates import SHAPES
+
+    names = METHODS.names()
+    assert all(facts(n) is not None and facts(n).key == n for n in names)
+    for r in Paper().table("table1")["rows"]:
+        f = facts(r["key"])
+        assert (f.family, "fine-tuned" if f.trains else "frozen") == (r["attention"], r["training"]), r["key"]
+    for name, cls in EVALS.items():
+        assert isinstance(cls.metric, str) and callable(cls.count_prompts), name
+        assert getattr(cls, "reader", "ppl") in SHAPES, name

@@ -65,7 +65,7 @@ plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours,
 submit: setup ## submit a sweep to Slurm and exit (job ids -> results/jobs/; `make status` follows them): EXP=paper_llama2 ARGS=...
 	$(PY) scripts/submit.py experiment=$(or $(EXP),paper_llama2) $(ARGS)
 
-tables: setup ## regenerate the paper's tables and figures from results/runs/
+tables: setup ## results/README.md, the paper's tables and figures, regenerated from results/runs/
 	$(PY) scripts/make_tables.py
 
 status: ## list unfinished and failed rows of results/runs/ (killed runs show as stale); ARGS=--all for every row

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -47,9 +48,29 @@ def test_finding_count_matches_the_report():
     assert stated and all(s in (str(n), words.get(n)) for s in stated), stated
 
 
-def test_every_model_option_the_readme_names_exists():
-    row = next(line for line in README.splitlines() if line.startswith("| `model` |"))
+@pytest.mark.parametrize("group", ["model", "data", "train", "eval", "experiment"])
+def test_every_option_the_readme_names_exists_and_every_option_is_named(group):
+    row = next(line for line in README.splitlines() if line.startswith(f"| `{group}` |"))
     named = set(re.findall(r"`([a-z0-9_]+)`", row.split("|")[2]))
-    yamls = {p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")}
+    yamls = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
     assert named and named <= yamls, sorted(named - yamls)
-    assert yamls <= named, sorted(yamls - named)  # and every model YAML is named
+    assert yamls <= named, sorted(yamls - named)  # and every YAML of the group is named
+
+
+def test_the_readme_is_a_front_door():
+    """At most ~12 KB, and no hand-kept results: numbers live in the generated results/README.md."""
+    assert len(README.encode()) <= 12_500
+    assert "results/README.md" in README
+    assert not re.search(r"\d{8}T\d{6}-[0-9a-f]{6}", README), "a run id in the README: results belong in results/"
+
+
+def test_results_readme_is_generated_from_the_committed_files():
+    """results/README.md says what tables/index.md and findings.md say (make tables / make findings write it)."""
+    from harness.tables.front import verdict_counts
+
+    front = (ROOT / "results" / "README.md").read_text()
+    findings = (ROOT / "results" / "findings.md").read_text()
+    index = (ROOT / "results" / "tables" / "index.md").read_text()
+    assert front.startswith("# Results (generated")
+    assert index.splitlines()[2] in front  # the row counts
+    assert verdict_counts(findings) and all(f"{n} {v}" in front for v, n in verdict_counts(findings).items())

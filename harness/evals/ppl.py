@@ -275,7 +275,8 @@ class Perplexity:
 
 
 def _interval(nlls: list, protocol: str):
-    """Bootstrap 95% interval of the PPL over windows (``harness.stats.ppl_interval``), None below 3 windows."""
+    """95% interval of the PPL over windows: Student t on the mean NLL, exponentiated (``harness.stats.ppl_interval``);
+    None below 3 windows."""
     from harness.stats import ppl_interval
 
     est = ppl_interval(nlls)

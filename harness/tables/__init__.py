@@ -43,7 +43,7 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
              f"{len(rows)} rows read: {sum(r.get('status') == 'ok' for r in rows)} ok, {len(rs.failed)} failed, "
              f"{len(rs.running)} unfinished, {len(rs.stale)} stale (killed); {len(rs.entries)} configurations.", "",
              "Every number of ours carries its sample size and a 95% interval (Wilson for accuracies and bounded "
-             "scores, bootstrap over documents for perplexity); `n.m.` = not measurable at this scale (thresholds: "
+             "scores, Student t over documents for perplexity); `n.m.` = not measurable at this scale (thresholds: "
              "`harness/tables/spec.yaml`, `measurable`). The findings: [../findings.md](../findings.md).", ""]
     # tables and figures of an earlier build that this one did not write (a model without rows any more, a figure
     # now at the floor): removed, so that the directory never shows numbers the rows no longer support
@@ -61,5 +61,9 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
     lines += [f"- figure note: {m}" for m in fig_notes]
     lines += [f"- **not built**: {m}" for m in errors]
     atomic_write_text(index, "\n".join(lines) + "\n")
+    if runs_dir is None:  # the results' front page (an archived study keeps only its tables)
+        from harness.tables.front import write_front
+
+        write_front(results_dir, tables_dir)
     return {"rows": len(rows), "tables": tables, "files": written + [index], "figures": figs, "rowset": rs,
             "errors": errors, "figure_notes": fig_notes}

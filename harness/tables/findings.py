@@ -935,4 +935,8 @@ def write(results_dir: str | Path, out: str | Path | None = None, model: str | N
     rs = RowSet(read_rows(results_dir) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     path = Path(out or Path(results_dir) / "findings.md")
     atomic_write_text(path, report(rs, model, source=str(runs_dir) if runs_dir is not None else "results/runs/"))
+    if runs_dir is None and out is None:  # the results' front page carries the verdict counts
+        from harness.tables.front import write_front
+
+        write_front(results_dir, findings_path=path)
     return path

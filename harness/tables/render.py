@@ -130,8 +130,8 @@ def derived_notes(t: Table) -> list[str]:
     if sizes:
         out.append("Sample size per cell of ours: " + "; ".join(
             f"{src}: n = {', '.join(str(x) for x in sorted(ns))} {unit}".rstrip() for (src, unit), ns in
-            sorted(sizes.items())) + ". Intervals: Wilson for accuracies and bounded scores, bootstrap over documents "
-            "for perplexity (95%).")
+            sorted(sizes.items())) + ". Intervals: Wilson for accuracies and bounded scores, Student t over documents "
+            "for perplexity (the mean NLL, exponentiated; 95%).")
     nms = list(dict.fromkeys(c.nm for c in cells if c.nm))
     if nms:
         out.append(f"{NM} = not measurable at this scale (the threshold and the base's score: "

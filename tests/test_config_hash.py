@@ -20,4 +20,6 @@ def test_the_committed_tiny_study_rows_still_match_their_points(monkeypatch):
     monkeypatch.delenv("HARNESS_RESULTS_DIR", raising=False)
     study = load_file_module(ROOT / "scripts" / "study.py", "study_for_hash_test")
     jobs, _ = study.plan(["experiment=tiny_study"])
-    assert jobs and all(j["done"] for j in jobs), [j["label"] for j in jobs if not j["done"]]
+    # matched by hash: done, or (a fine-tuned point measured by an older convergence gate) to run again for the gate
+    assert jobs and all(j["done"] or j["old_gate"] for j in jobs), [j["label"] for j in jobs
+                                                                    if not (j["done"] or j["old_gate"])]

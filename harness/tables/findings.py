@@ -868,6 +868,15 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            f"the verdict with the {n_gated} rows that failed the convergence gate put back (a sensitivity line, "
            "never the verdict).",
            ""]
+    from harness.evals.convergence import GATE_VERSION, outdated
+
+    old_gate = sorted(r.get("run_id", "?") for r in rs.all_rows if r.get("model") == model and outdated(r))
+    if old_gate:
+        out += [f"**Gate caveat**: {len(old_gate)} fine-tuned rows were admitted or left out by an older convergence "
+                f"gate (before version {GATE_VERSION}), which measured on the suite's own passkey prompts and books, "
+                "so which rows enter the comparisons was decided on the evaluation's data. `make study` re-runs "
+                "the fine-tuned points of the study with the held-out gate (other seeds: their own commands); until then read the *with gate-failed rows* line "
+                "beside each verdict.", ""]
     if ev.needle_note:
         out += [f"Needle: {ev.needle_note}.", ""]
     out += ["| finding | metric, lengths, references | ours (95% CI) \u2192 part verdict | paper | verdict |",

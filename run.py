@@ -4,8 +4,9 @@
     python run.py method=ntk_dynamic model=llama2_7b --cfg job     # print the composed config
     python run.py -m method=base,pi train=none      # a sweep (Slurm: hydra/launcher=slurm_a100)
 
-Table of contents: start the row -> load the model and apply the method -> fine-tune if the train config says so
--> run every evaluator of the suite -> finish the row. A failure anywhere finishes the row as ``failed`` with a
+Table of contents: start the row (``harness.lifecycle``) -> check every group and build the suite once -> load the
+model and apply the method -> fine-tune if the train config says so -> run every evaluator of the suite -> finish
+the row. A failure anywhere finishes the row as ``failed`` with a
 one-line error and exits non-zero; whatever was already measured stays in the row.
 """
 from __future__ import annotations
@@ -15,36 +16,38 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness import pipeline, precheck, report, results, shards, tracking
+from harness import lifecycle, pipeline, precheck, report, shards, tracking
+from harness.train import Terminated
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
         return _sharded(cfg)
-    pipeline.raise_on_sigterm()                                                   # kill / Slurm -> a failed row
+    lifecycle.raise_on_sigterm()                                                  # kill / Slurm -> a failed row
     try:
-        row = pipeline.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+        run = lifecycle.start(cfg, run_dir=hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     except OSError as e:  # the results or the run directory refuses the row: no run without a record
-        line = pipeline.start_failed(cfg, e)
+        line = lifecycle.start_failed(cfg, e)
         print(f"run failed: {line}", file=sys.stderr)
         _exit_failed(line)
+    row = run.row
     tracker = tracking.NULL
     try:
         tracker = tracking.start(cfg, row)
-        method, train = pipeline.validate(cfg)                                    # 0. every group, fail fast
-        handle = pipeline.load_and_extend(cfg, method, train)                     # 1. model + method
-        row["model_info"] = handle.facts()                                        #    (what ran, where)
-        row["train_info"] = pipeline.finetune(cfg, handle, method, train, row,    # 2. fine-tune (or frozen)
-                                              progress=report.TrainProgress(on_step=tracker.log_step))
-        row["method_params"] = method.params()
-        pipeline.evaluate(cfg, handle, method, row, on_result=tracker.log,        # 3. every evaluator
-                          progress=report.EvalProgress())
-        problem = pipeline.finish(cfg, row)                                       # 4. the row
+        s = pipeline.setup(cfg)                                                   # 0. every group, fail fast
+        handle = pipeline.load_and_extend(cfg, s.method, s.train, suite=s.suite)  # 1. model + method
+        run.record(model_info=handle.facts())                                     #    (what ran, where)
+        info = pipeline.finetune(cfg, handle, s.method, s.train, row["run_dir"],  # 2. fine-tune (or frozen)
+                                 progress=report.TrainProgress(on_step=tracker.log_step))
+        run.record(train_info=info, method_params=s.method.params())              #    (the method as tuned)
+        pipeline.evaluate(cfg, handle, s.method, run, s.suite,                    # 3. every evaluator
+                          on_result=tracker.log, progress=report.EvalProgress())
+        problem = run.finish()                                                    # 4. the row
         if problem:
             raise OSError(f"the finished row could not be written: {problem}")
-    except (Exception, KeyboardInterrupt, pipeline.Terminated) as e:  # noqa: BLE001 - every failure: a failed row
-        line = pipeline.fail(cfg, row, e)
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - every failure: a failed row
+        line = run.fail(e)
         print(f"run failed: {line}", file=sys.stderr)
         report.print_summary(row)  # what was measured before the failure is never lost, even when unwritable
         tracking.finish(tracker, row)
@@ -54,15 +57,15 @@ def main(cfg: DictConfig) -> None:
     for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
         if line:
             report.out.print(line, soft_wrap=True)
-    report.out.print(f"row: {results.row_path(cfg.paths.results_dir, row['run_id'])}", soft_wrap=True)
+    report.out.print(f"row: {run.path}", soft_wrap=True)
 
 
 def _sharded(cfg: DictConfig) -> None:
     try:
         row = shards.run(cfg, log=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001
-        print(f"run failed: {pipeline.one_line(e)}", file=sys.stderr)
-        _exit_failed(pipeline.one_line(e))
+        print(f"run failed: {lifecycle.one_line(e)}", file=sys.stderr)
+        _exit_failed(lifecycle.one_line(e))
     print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
 
 
@@ -74,10 +77,10 @@ def _exit_failed(message: str, stop_sweep: bool = False) -> None:
     from hydra.types import RunMode
 
     if not stop_sweep and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise pipeline.RunFailed(message)
+        raise lifecycle.RunFailed(message)
     sys.exit(1)
 
 
 if __name__ == "__main__":
     precheck.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
-    pipeline.run_guarded(main, sys.argv[1:])   # failures outside a run's try (Hydra's mkdir, ...): one line + row
+    lifecycle.run_guarded(main, sys.argv[1:])  # failures outside a run's try (Hydra's mkdir, ...): one line + row

@@ -50,7 +50,8 @@ def data_code_version() -> dict:
 
 
 # bookkeeping and reporting modules: editing them never changes a trained weight
-NOT_NUMERICAL = {"tables", "report.py", "tracking.py", "results.py", "status.py", "shards.py", "sweeps.py"}
+NOT_NUMERICAL = {"tables", "report.py", "tracking.py", "results.py", "lifecycle.py", "status.py", "shards.py",
+                 "sweeps.py"}
 
 
 @functools.cache

@@ -38,7 +38,7 @@ def precheck_or_exit(argv: list[str]) -> None:
             one_node_step()  # inside a Slurm job: one node per run
             resolve_model(compose(overrides))
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
-        from harness.pipeline import fail_before_compose
+        from harness.lifecycle import fail_before_compose
 
         line = explain(e, overrides)
         fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
@@ -67,7 +67,7 @@ def _submit_to_slurm(argv: list[str]) -> bool:
     try:
         submit.submit(overrides, cluster="slurm")
     except Exception as e:  # noqa: BLE001 - every refusal: one line + a failed row
-        from harness.pipeline import fail_before_compose
+        from harness.lifecycle import fail_before_compose
 
         plain = [o for o in overrides if not o.startswith("hydra")]
         line = explain(e, plain)

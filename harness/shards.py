@@ -22,10 +22,10 @@ How it fits together:
 - A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
   status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
   files are the source of truth: a merge rebuilds the row's metrics from all of them.
-- Merge: under an exclusive lock file (``O_CREAT|O_EXCL``, safe on NFS and Lustre; a lock older than
-  ``LOCK_STALE_S`` is broken), read the row, rebuild ``metrics`` (per entry, the deep union of its shards' outputs, in
-  length order: ``{"accuracy": {"256": ..}} + {"accuracy": {"512": ..}}``), timings and status, write atomically.
-  The row is ``ok`` when every planned shard is, ``failed`` (with the shard's one-line error) when one failed in its
+- Merge: ``harness.lifecycle.merge`` (the row's one owner) locks the row, reads it, and this module rebuilds
+  ``metrics`` (per entry, the deep union of its shards' outputs, in length order: ``{"accuracy": {"256": ..}} +
+  {"accuracy": {"512": ..}}``), timings and each shard's status from the files; the lifecycle's rule then settles
+  the row: ``ok`` when every planned shard is, ``failed`` (with the shard's one-line error) when one failed in its
   latest attempt, ``running`` otherwise.
 - A shard's output equals the unsharded evaluator's output restricted to its length when the evaluator treats
   lengths independently (seeds per length); ``min_tokens: 0`` (ppl, yarn protocol: documents as long as the largest
@@ -42,15 +42,13 @@ import os
 import socket
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import results
+from harness import lifecycle, pipeline, results
 
-LOCK_STALE_S = 300.0
 SHARD_KEY = "shard"
 
 
@@ -80,13 +78,12 @@ def train_enabled(cfg) -> bool:
     return bool((cfg.get("train") or {}).get("enabled", False))
 
 
-def plan(cfg) -> list[Shard]:
-    """Every shard of the run, in execution order."""
-    from harness.evals import build_evaluators
-
+def plan(cfg, suite: pipeline.Suite | None = None) -> list[Shard]:
+    """Every shard of the run, in execution order (``suite``: the run's, when already built)."""
     out = [Shard("train")] if train_enabled(cfg) else []
-    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
-    for (entry, node), ev in zip(suite.items(), build_evaluators(suite)):
+    if suite is None:
+        suite = pipeline.Suite.of(cfg)
+    for (entry, node), ev in zip(suite.nodes.items(), suite.evaluators):
         # an evaluator that computes its lengths independently says so (``by_length``): one shard per length
         lengths = (node or {}).get("lengths") if getattr(ev, "by_length", False) else None
         if lengths:
@@ -96,8 +93,9 @@ def plan(cfg) -> list[Shard]:
     return out
 
 
-def select(cfg, spec: str) -> list[Shard]:
-    shards = plan(cfg)
+def select(cfg, spec: str, shards: list[Shard] | None = None) -> list[Shard]:
+    """The shards ``spec`` names: ``all`` or one shard of the plan (``shards``: the plan, when already made)."""
+    shards = plan(cfg) if shards is None else shards
     if spec == "all":
         return shards
     found = [s for s in shards if s.name == spec]
@@ -128,51 +126,6 @@ def is_done(rdir: Path, shard: Shard) -> bool:
     return bool(rec) and rec.get("status") == "ok"
 
 
-@contextmanager
-def file_lock(path: Path, timeout: float = 600.0, stale: float = LOCK_STALE_S):
-    """Exclusive lock by atomic creation of ``path`` (works across processes and hosts on a shared filesystem)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            os.write(fd, f"{socket.gethostname()} {os.getpid()} {time.time()}\n".encode())
-            os.close(fd)
-            break
-        except FileExistsError:
-            try:
-                if time.time() - path.stat().st_mtime > stale or _holder_dead(path):
-                    os.unlink(path)  # a holder that died mid-merge (merges take milliseconds)
-                    continue
-            except FileNotFoundError:
-                continue
-            if time.time() - t0 > timeout:
-                raise TimeoutError(f"could not lock {path} within {timeout:.0f} s") from None
-            time.sleep(0.02)
-    try:
-        yield
-    finally:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def _holder_dead(path: Path) -> bool:
-    """True when the lock was taken by a process of this host that no longer exists (killed while merging)."""
-    try:
-        host, pid, _ = Path(path).read_text().split()
-        if host != socket.gethostname():
-            return False
-        os.kill(int(pid), 0)
-        return False
-    except ProcessLookupError:
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def deep_merge(a, b):
     """Union of two evaluator outputs: dicts merge key by key (recursively), anything else: ``b`` wins."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -184,14 +137,17 @@ def deep_merge(a, b):
 
 
 # ------------------------------------------------------------------------------------------------------ the row
-def merge(cfg, rdir: Path | None = None) -> dict:
-    """Rebuild the row from the shard files (atomic, under the row's lock) and return it."""
+def merge(cfg, rdir: Path | None = None, shards: list[Shard] | None = None) -> dict:
+    """Rebuild the row from the shard files (``harness.lifecycle.merge``: atomic, under the row's lock) and return
+    it (``shards``: the plan, when already made)."""
     rdir = Path(rdir or run_dir(cfg))
+    shards = plan(cfg) if shards is None else shards
     rid = run_id(cfg)
-    rpath = results.row_path(cfg.paths.results_dir, rid)
-    with file_lock(rpath.with_suffix(".lock")):
-        row = read_json(rpath) or {**results.new_row(rid, plain_config(cfg), None, rdir), "shards": {}}
-        shards = plan(cfg)
+
+    def fresh() -> dict:
+        return {**results.new_row(rid, plain_config(cfg), None, rdir), "shards": {}}
+
+    def rebuild(row: dict) -> tuple[dict, list[str]]:
         metrics, timings, status, errors, versions = {}, dict(row.get("timings") or {}), {}, [], {}
         for s in shards:
             if s.name == "train":
@@ -217,16 +173,9 @@ def merge(cfg, rdir: Path | None = None) -> dict:
                 errors.append(f"shard {s.name}: {rec.get('error')}")
         row["metrics"], row["timings"], row["shards"] = metrics, timings, status
         row["eval_versions"] = versions
-        if errors:
-            row["status"], row["error"] = "failed", errors[0]
-            row["time_end"] = results.now_iso()
-        elif all(v == "ok" for v in status.values()):
-            row["status"], row["error"] = "ok", None
-            row["time_end"] = results.now_iso()
-        else:
-            row["status"], row["error"], row["time_end"] = "running", None, None
-        results.write_row(cfg.paths.results_dir, row)
-    return row
+        return status, errors
+
+    return lifecycle.merge(cfg.paths.results_dir, rid, fresh, rebuild)
 
 
 # ------------------------------------------------------------------------------------------------------ running
@@ -236,28 +185,25 @@ def _record(rdir: Path, shard: Shard, **fields) -> None:
     results.atomic_write_json(shard_file(rdir, shard.name), rec)
 
 
-def _train(cfg, rdir: Path, log) -> None:
-    from harness import pipeline
-
-    method, train = pipeline.validate(cfg)
-    handle = pipeline.load_and_extend(cfg, method, train)  # as run.py: with train, the convergence gate's baseline
-    info = pipeline.finetune(cfg, handle, method, train, {"run_dir": str(rdir)})
+def _train(cfg, rdir: Path, log, setup: pipeline.Setup) -> None:
+    # as run.py: with train, the convergence gate's baseline
+    handle = pipeline.load_and_extend(cfg, setup.method, setup.train, suite=setup.suite)
+    info = pipeline.finetune(cfg, handle, setup.method, setup.train, rdir)
     results.atomic_write_json(rdir / "checkpoint" / "train_info.json", info)  # last: marks the shard finished
     log(f"shard train: done ({info.get('steps')} steps)")
 
 
-def _load(cfg, rdir: Path):
-    """The model to evaluate: the base model, or the run's fine-tuned checkpoint, with the method applied."""
-    from harness import pipeline
-
-    method, _ = pipeline.validate(cfg)
+def _load(cfg, rdir: Path, setup: pipeline.Setup | None = None):
+    """The model to evaluate: the base model, or the run's fine-tuned checkpoint, with the method applied
+    (``setup``: the run's checked groups, when already made)."""
+    setup = setup or pipeline.setup(cfg)
     if train_enabled(cfg):
         ckpt = rdir / "checkpoint"
         if not (ckpt / "train_info.json").exists():
             raise RuntimeError(f"run {rdir.name} is not fine-tuned yet: run its +shard=train (or +shard=all) first")
         cfg = copy.deepcopy(cfg)
         cfg.model.path = str(ckpt)
-    return pipeline.load_and_extend(cfg, method), method
+    return pipeline.load_and_extend(cfg, setup.method, suite=setup.suite), setup.method
 
 
 def shard_suite(cfg, shard: Shard) -> dict:
@@ -274,39 +220,41 @@ def shard_suite(cfg, shard: Shard) -> dict:
 def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> tuple[dict, int]:
     """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard):
     (output, evaluator version)."""
-    from harness import pipeline
-
     ((_, out, _, version),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name,
-                                                   shard_suite(cfg, shard))
+                                                   pipeline.Suite.build(shard_suite(cfg, shard)))
     return out, version
 
 
 def run(cfg, log=print) -> dict:
     """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
-    fails (after recording it, so the row says which one and why)."""
-    from harness.pipeline import one_line, write_run_file
-
+    fails (after recording it, so the row says which one and why). The suite is built once for the plan and the
+    merges, and once more, checked, with the run's other groups (``pipeline.setup``) for the shards it runs (the
+    evaluation shards after a fine-tune get a fresh method: the tuned one may have changed, e.g. LongRoPE's
+    recovered factors)."""
     spec = str(cfg[SHARD_KEY])
     rdir = run_dir(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
-    row = merge(cfg, rdir)  # the row exists (status running) from the first job on
+    shards = plan(cfg)
+    row = merge(cfg, rdir, shards)  # the row exists (status running) from the first job on
     if not (rdir / "run.json").exists():
-        write_run_file(rdir, row)
-    todo = [s for s in select(cfg, spec) if not is_done(rdir, s)]
-    skipped = [s.name for s in select(cfg, spec) if s not in todo]
+        lifecycle.write_run_file(rdir, row)
+    chosen = select(cfg, spec, shards)
+    todo = [s for s in chosen if not is_done(rdir, s)]
+    skipped = [s.name for s in chosen if s not in todo]
     if skipped:
         log(f"shards already finished, skipped: {', '.join(skipped)}")
     failure = None
-    loaded = None
+    setup = loaded = None
     for s in todo:
         t0 = time.time()
         try:
+            setup = setup or pipeline.setup(cfg)  # inside the try: a bad group is this shard's failure
             if s.name == "train":
-                _train(cfg, rdir, log)
-                loaded = None
+                _train(cfg, rdir, log, setup)
+                setup = loaded = None
             else:
                 if loaded is None:
-                    loaded = _load(cfg, rdir)
+                    loaded = _load(cfg, rdir, setup)
                 out, version = _evaluate(cfg, rdir, s, *loaded)
                 _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
                         method_params=loaded[1].params(), eval_version=version)
@@ -314,14 +262,14 @@ def run(cfg, log=print) -> dict:
         except Exception as e:  # noqa: BLE001 - a failed shard is recorded, the others still run
             failure = failure or e
             if s.name != "train":
-                _record(rdir, s, status="failed", error=one_line(e), seconds=round(time.time() - t0, 2))
+                _record(rdir, s, status="failed", error=lifecycle.one_line(e), seconds=round(time.time() - t0, 2))
             else:
-                (rdir / "train_error.log").write_text(one_line(e) + "\n")
-            log(f"shard {s.name}: failed: {one_line(e)}")
+                (rdir / "train_error.log").write_text(lifecycle.one_line(e) + "\n")
+            log(f"shard {s.name}: failed: {lifecycle.one_line(e)}")
             if s.name == "train":
                 break  # nothing to evaluate
-        merge(cfg, rdir)
-    row = merge(cfg, rdir)
+        merge(cfg, rdir, shards)
+    row = merge(cfg, rdir, shards)
     if failure is not None:
         raise failure
     return row
@@ -337,9 +285,10 @@ def main(argv: list[str]) -> int:
     cfg = compose([a for a in argv[1:] if not a.startswith("+shard")])
     rdir = run_dir(cfg)
     print(f"run {run_id(cfg)}  dir {rdir}")
-    for s in plan(cfg):
+    shards = plan(cfg)
+    for s in shards:
         print(f"  {s.name:30s} {'done' if is_done(rdir, s) else 'missing'}")
-    missing = [s.name for s in plan(cfg) if not is_done(rdir, s)]
+    missing = [s.name for s in shards if not is_done(rdir, s)]
     if missing:
         ev = [m for m in missing if m != "train"]
         print("\nto run the missing evaluation shards as parallel jobs:\n  python run.py -m "

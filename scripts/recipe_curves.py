@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import conf_utils, pipeline, results
 from harness.config import ConfigError
 from harness.data import build_data
-from harness.evals import EvalContext, build_evaluators
+from harness.evals import EvalContext
 from harness.methods import Method
 from harness.train.loop import finetune
 
@@ -51,7 +51,8 @@ def main(cfg: DictConfig) -> None:
     tag = curve.get("tag") or f"lr{cfg.train.lr:g}-{cfg.train.schedule}-b{cfg.train.global_batch}-s{cfg.seed}"
     out = Path(cfg.paths.results_dir) / "curves" / f"{cfg.method.name}-{tag}.json"
     suite_cfg = conf_utils.compose([f"eval={suite_name}", f"model={cfg.model.name}"]).eval.suite
-    suite = OmegaConf.to_container(suite_cfg, resolve=True)
+    curve_suite = pipeline.Suite.build(OmegaConf.to_container(suite_cfg, resolve=True))  # built once, for every point
+    suite, evaluators = curve_suite.nodes, curve_suite.evaluators
 
     method, train = pipeline.validate(cfg)
     if not _no_modes(method):
@@ -60,7 +61,6 @@ def main(cfg: DictConfig) -> None:
     train.tokens = max(train.tokens, max(at) * train.global_batch * train.seq_len)
     train.save_every = math.gcd(*at)  # a checkpoint at every curve point (after its evaluation), for resuming
     train.convergence_check = False  # the curve measures the base itself, with its own suite
-    evaluators = build_evaluators(suite)
     run_dir = Path(cfg.paths.output_dir) / "curves" / out.stem
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = EvalContext(run_dir=run_dir, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
@@ -89,7 +89,8 @@ def main(cfg: DictConfig) -> None:
         out.write_text(json.dumps(record, indent=1))
         print(f"[{label}] " + " ".join(f"{k}={_short(v)}" for k, v in point.items() if isinstance(v, dict)), flush=True)
 
-    handle = pipeline.load_and_extend(cfg, method, train, before_extend=lambda h: evaluate("base", h, False))
+    handle = pipeline.load_and_extend(cfg, method, train, before_extend=lambda h: evaluate("base", h, False),
+                                      suite=curve_suite)  # the model must fit the suite the curve runs
     chunks = build_data(cfg.data, handle.tokenizer, train.seq_len, train.tokens)
     evaluate("0", handle)
 

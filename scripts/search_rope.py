@@ -11,9 +11,10 @@ Killed (Ctrl-C, SIGTERM, or the machine) and started again with the same command
 file (``<output_dir>/search_state/``); raising ``search.iterations`` or ``search.time_budget_s`` extends a finished
 search. Guide: ``docs/longrope_search.md``.
 
-Table of contents: compose the config -> start the row -> load the model -> search (resumable) -> write the factors
-file -> verify (the harness's ppl evaluator at the target length: searched factors vs PI / YaRN / NTK, all frozen)
--> finish the row (``metrics.search``: fitness curve, progress per iteration, wall time, PPL at the target).
+Table of contents: compose the config -> start the row (``harness.lifecycle``, as ``run.py``) -> load the model ->
+search (resumable) -> write the factors file -> verify (the harness's ppl evaluator at the target length: searched
+factors vs PI / YaRN / NTK, all frozen) -> finish the row (``metrics.search``: fitness curve, progress per iteration,
+wall time, PPL at the target).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ import time
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from harness import conf_utils, pipeline, results  # noqa: F401  (conf_utils registers the resolvers)
+from harness import conf_utils, lifecycle, results  # noqa: F401  (conf_utils registers the resolvers)
 from harness.config import to_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,31 +150,31 @@ def main(cfg: DictConfig) -> None:
     if int(cfg.threads) > 0:
         torch.set_num_threads(int(cfg.threads))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill <pid>` ends the row as interrupted; the state file stays
-    plain = OmegaConf.to_container(cfg, resolve=True)
     run_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    run_id = results.new_run_id()
     a = to_args(SearchArgs, cfg.search, f"search={cfg.search.get('name')}")
     names = {"model": cfg.model.name, "method": f"{a.algorithm}_search", "data": a.dataset, "train": None,
              "eval": "search"}
-    row = results.new_row(run_id, plain, names, run_dir)
-    results.write_row(cfg.paths.results_dir, row)
+    try:
+        run = lifecycle.start(cfg, run_dir, names)
+    except OSError as e:  # the results or the run directory refuses the row: no search without a record
+        print(f"search failed: {lifecycle.start_failed(cfg, e)}", file=sys.stderr)
+        sys.exit(1)
+    row, run_id = run.row, run.row["run_id"]
     out = Path(cfg.out) if cfg.out else default_out(cfg)
     state = Path(cfg.paths.output_dir) / "search_state" / (out.stem + ".state.json")
     log = lambda m: print(f"[search] {m}", flush=True)  # noqa: E731
     try:
         a.validate()
-        t0 = time.time()
-        handle = build_model(cfg.model)
-        row["timings"]["load"] = round(time.time() - t0, 2)
+        with run.stage("load"):
+            handle = build_model(cfg.model)
         log(f"model {handle.name}: C={handle.native_ctx}, target {cfg.target_length}, search {a.name} "
             f"({a.algorithm}, fitness {a.fitness}); state {state}")
         digest = weights_digest(handle.info.get("path", ""))
         load = {"search_start": _load_average()}  # label timings taken on a loaded machine
-        t0 = time.time()
-        factors, info = run_search(handle.model, handle.tokenizer, a, int(handle.native_ctx), int(cfg.target_length),
-                                   state, seed=int(cfg.seed), model_name=handle.name, resume=bool(cfg.resume),
-                                   log=log, dtype=str(cfg.autocast), weights=digest)
-        row["timings"]["search"] = round(time.time() - t0, 2)
+        with run.stage("search"):
+            factors, info = run_search(handle.model, handle.tokenizer, a, int(handle.native_ctx),
+                                       int(cfg.target_length), state, seed=int(cfg.seed), model_name=handle.name,
+                                       resume=bool(cfg.resume), log=log, dtype=str(cfg.autocast), weights=digest)
         load["search_end"] = _load_average()
         factors["provenance"]["run_id"] = run_id
         factors["provenance"]["model_path"] = handle.info.get("path", "")
@@ -189,26 +190,24 @@ def main(cfg: DictConfig) -> None:
                    "load_average": load, "n_hat": info["n_hat"], "critical_dim": info["critical_dim"],
                    "factors_file": str(out), "target_length": int(cfg.target_length),
                    "weights_sha256": factors["provenance"]["weights_sha256"], "ppl_at_target": None}
-        row["metrics"]["search"] = metrics
-        results.write_row(cfg.paths.results_dir, row)
+        run.record(metrics={"search": metrics})
         if cfg.verify.enabled:
-            t0 = time.time()
-            ver = verify(handle, factors, a, cfg, run_dir, log)
-            row["timings"]["verify"] = round(time.time() - t0, 2)
+            with run.stage("verify"):
+                ver = verify(handle, factors, a, cfg, run_dir, log)
             metrics["ppl_at_target"] = ver["ppl"]["searched"]
             metrics["verify"] = ver
             metrics["verify_protocol"] = ("harness ppl evaluator (yarn protocol, [BOS]+doc[:L-1] of the first "
                                           f"{cfg.verify.samples} documents); all frozen; fitness windows start at "
                                           f"doc[{a.offset_windows}*(L-1)]")
             load["verify_end"] = _load_average()
-        pipeline.finish(cfg, row)
-        log(f"row: {results.row_path(cfg.paths.results_dir, run_id)}")
+        run.finish()
+        log(f"row: {run.path}")
     except KeyboardInterrupt as e:  # a killed search resumes: the same command continues from the state file
-        pipeline.finish(cfg, row, error=RuntimeError(f"interrupted; run the same command again to resume from {state}"))
+        run.finish(RuntimeError(f"interrupted; run the same command again to resume from {state}"))
         print(f"search interrupted: resumable from {state}", file=sys.stderr)
         raise SystemExit(130) from e
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row + one line
-        pipeline.finish(cfg, row, error=e)
+        run.finish(e)
         print(f"search failed: {row['error']}", file=sys.stderr)
         sys.exit(1)
 

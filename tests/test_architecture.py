@@ -22,6 +22,7 @@ FLOORS = [
     ("tables", {"tables"}),  # reads what the evaluators declare (metric, reader) and the methods' facts
     ("search", {"search"}),
     ("parallel", {"eval_distributed"}),  # data-parallel evaluation: ranks run evaluators; pipeline starts them
+    ("lifecycle", {"lifecycle"}),  # a run's row from start to finish: the one writer of results/runs/*.json
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
     ("entry", {"precheck", "shards"}),
@@ -124,6 +125,39 @@ def test_imports_only_go_down():
 
 def test_no_import_cycle():
     assert not cycles(import_graph())
+
+
+ROOT = HARNESS.parent
+ROW_WRITERS = {"harness/results.py", "harness/lifecycle.py"}  # the schema + atomic writer, and the row's lifecycle
+
+
+def row_writes(text: str) -> list[str]:
+    """The calls in a source file that write a results row: ``write_row`` / ``start_heartbeat``, or an atomic write
+    whose target (its first argument) names the ``runs`` directory or ``row_path``."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        target = ast.unparse(node.args[0]) if node.args else ""
+        if name in ("write_row", "start_heartbeat") or (
+                name.startswith("atomic_write") and ("runs" in target or "row_path" in target)):
+            out.append(ast.unparse(node))
+    return out
+
+
+def test_one_module_writes_rows():
+    """``harness/lifecycle.py`` owns a run's row: no other source file (harness, scripts, benchmarks, run.py) writes
+    ``results/runs/*.json``, by ``results.write_row`` or by an atomic write into the runs directory."""
+    files = [*HARNESS.rglob("*.py"), *(ROOT / "scripts").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             ROOT / "run.py"]
+    bad = {str(f.relative_to(ROOT)): hits for f in files
+           if str(f.relative_to(ROOT)) not in ROW_WRITERS and (hits := row_writes(f.read_text()))}
+    assert not bad, f"rows are written through harness.lifecycle only: {bad}"
+    assert row_writes("results.write_row(cfg.paths.results_dir, row)")  # the check can fail
+    assert row_writes('atomic_write_json(Path(d) / "runs" / f"{rid}.json", row)')
+    assert not row_writes('atomic_write_json(out, factors)  # results/factors, not a row')
 
 
 def test_checker_sees_back_arrows_and_cycles():

@@ -15,16 +15,15 @@ WRITES = 25
 
 def _one_run(i: int, env: dict, barrier) -> None:
     os.environ.update(env)
-    from harness import pipeline
+    from harness import lifecycle
     from harness.sweeps import compose
 
     cfg = compose(["model=tiny_llama", "train=none", "eval=quick", f"seed={i}"])
     barrier.wait()  # every run starts writing at the same moment
-    row = pipeline.start(cfg, run_dir=Path(env["HARNESS_OUTPUT_DIR"]) / f"run{i}")
+    run = lifecycle.start(cfg, run_dir=Path(env["HARNESS_OUTPUT_DIR"]) / f"run{i}")
     for k in range(WRITES):  # an evaluator result after another, each rewriting the row (as pipeline.evaluate does)
-        row["metrics"][f"entry{k}"] = {"value": {"256": i * 1000 + k}, "pad": "x" * 4000}
-        results.write_row(cfg.paths.results_dir, row)
-    pipeline.finish(cfg, row)
+        run.record_eval(f"entry{k}", {"value": {"256": i * 1000 + k}, "pad": "x" * 4000}, 0.0, 1)
+    run.finish()
 
 
 def _reader(results_dir: str, stop, bad) -> None:

@@ -68,7 +68,7 @@ TRAIN_CHILD = textwrap.dedent("""
     cfg.data.synthetic_kinds = {{k: 1.0 for k in sorted(KINDS)}}  # every kind, including kinds added later
     method, train = pipeline.validate(cfg)
     handle = pipeline.load_and_extend(cfg, method)
-    info = pipeline.finetune(cfg, handle, method, train, {{"run_dir": {run!r}}})
+    info = pipeline.finetune(cfg, handle, method, train, {run!r})
     h = hashlib.sha256()
     for n, p in sorted(handle.model.state_dict().items()):
         h.update(n.encode()); h.update(p.detach().contiguous().numpy().tobytes())

@@ -118,7 +118,8 @@ def test_a_released_checkpoint_runs_offline_from_the_hub_cache(tmp_path, hub_cac
     # a tiny evaluation of the loaded row (PPL at C and 2C, one document)
     suite = {"ppl": {**OmegaConf.to_container(compose(["eval=quick"]).eval.suite.ppl_books, resolve=True),
                      "samples": 1, "lengths": [512, 1024]}}
-    ((key, out, _, _),) = list(pipeline.evaluations(cfg, handle, method, tmp_path / "run", suite=suite))
+    ((key, out, _, _),) = list(pipeline.evaluations(cfg, handle, method, tmp_path / "run",
+                                                    suite=pipeline.Suite.build(suite)))
     assert key == "ppl" and out["documents"] == 1
     assert {k: v["tokens"] for k, v in out["scored"].items()} == {"512": 511, "1024": 1023}
     assert all(math.isfinite(v) and v > 1 for v in out["ppl"].values()), out["ppl"]

@@ -93,7 +93,7 @@ def test_out_of_memory_inside_an_evaluator_is_one_line_and_a_failed_row(results_
     entry, the length the model saw and the device; the first evaluator's metrics stay in the row."""
     import re
 
-    from harness import pipeline
+    from harness import lifecycle, pipeline
     from harness.conf_utils import compose
     from harness.results import read_rows
 
@@ -101,7 +101,8 @@ def test_out_of_memory_inside_an_evaluator_is_one_line_and_a_failed_row(results_
                    "eval.suite.ppl_books.lengths=[256]", "eval.suite.ppl_books.samples=1",
                    "eval.suite.passkey.samples=1"])
     assert list(cfg.eval.suite) == ["ppl_books", "passkey"]
-    row = pipeline.start(cfg)
+    run = lifecycle.start(cfg)
+    row = run.row
     seen = []
 
     def oom_when_long(module, args, kwargs, output):  # the injected failure, not the thing under test
@@ -117,13 +118,13 @@ def test_out_of_memory_inside_an_evaluator_is_one_line_and_a_failed_row(results_
         handle = pipeline.load_and_extend(cfg, method, train)
         h = handle.model.get_decoder().register_forward_hook(oom_when_long, with_kwargs=True)
         with pytest.raises(pipeline.EvalOutOfMemory) as ex:
-            pipeline.evaluate(cfg, handle, method, row)
+            pipeline.evaluate(cfg, handle, method, run)
         h.remove()
-        line = pipeline.fail(cfg, row, ex.value)
+        line = run.fail(ex.value)
     finally:
         if row.get("status") == "running":
-            pipeline.finish(cfg, row, RuntimeError("test did not finish the row"))
-        pipeline.STARTED[:] = [s for s in pipeline.STARTED if s[1] is not row]  # this process's run.py is over
+            run.finish(RuntimeError("test did not finish the row"))
+        lifecycle.STARTED[:] = [r for r in lifecycle.STARTED if r is not run]  # this process's run.py is over
     n = seen[-1]
     assert 256 < n <= 512
     assert re.fullmatch(rf"eval\.suite\.passkey: out of memory at {n} tokens on cpu \(CUDA out of memory\. Tried to "

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from harness import pipeline, results
+from harness import lifecycle, pipeline, results
 from harness.results import liveness, read_rows
 
 QUICK = ["method=base", "train=none", "eval=quick", "eval.lengths=[256]", "eval.suite.passkey.samples=1",
@@ -148,12 +148,12 @@ def test_error_handler_write_failures_never_raise(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     row = results.new_row("r1", {}, {}, run_dir)
-    problem = pipeline.finish_row(str(tmp_path / "res"), row, RuntimeError("boom"))
+    problem = lifecycle.Run(tmp_path / "res", row).finish(RuntimeError("boom"))
     assert row["status"] == "failed" and row["error"] == "RuntimeError: boom"
     assert "not updated" in problem and "row kept in" in problem
     assert json.loads((run_dir / "row.json").read_text())["status"] == "failed"
     row2 = results.new_row("r2", {}, {}, tmp_path / "res" / "nowhere")  # run dir cannot exist either
-    problem2 = pipeline.finish_row(str(tmp_path / "res"), row2, RuntimeError("boom"))
+    problem2 = lifecycle.Run(tmp_path / "res", row2).finish(RuntimeError("boom"))
     assert "error.log not written" in problem2 and "not updated" in problem2
 
 
@@ -167,7 +167,7 @@ def test_failed_row_start_in_process_is_one_line(tmp_path, capsys):
             raise PermissionError(errno.EACCES, "Permission denied", "/some/outputs/2026-01-01")
 
         with pytest.raises(SystemExit) as ex:
-            pipeline.run_guarded(boom, ["method=base"])
+            lifecycle.run_guarded(boom, ["method=base"])
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)

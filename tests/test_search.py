@@ -485,8 +485,9 @@ def test_short_factor_search_keeps_the_long_factors_and_is_what_the_method_uses_
 
 
 def test_longrope_recovery_stage_uses_the_searched_short_factors(tmp_path, tok):
-    """method.recovery: after fine-tuning, the pipeline's recovery stage runs the short-factor search on the model and
-    the method uses the result (what the gate and the evaluation then see)."""
+    """method.recovery: after fine-tuning, the method's own stage (``after_finetune``, which the pipeline's fine-tuning
+    stage calls) runs the short-factor search on the model and the method uses the result (what the gate and the
+    evaluation then see)."""
     from harness.config import ConfigError
     from harness.methods import build_method
     from harness.models import ModelHandle
@@ -501,11 +502,12 @@ def test_longrope_recovery_stage_uses_the_searched_short_factors(tmp_path, tok):
     handle = ModelHandle(model, tok, "random", C, {})
     meth.apply(handle)
     digest = meth.params()["factors_sha256"]
-    from omegaconf import OmegaConf
+    from harness import search
+    from harness.methods import StageContext
 
-    from harness import pipeline
-
-    info = pipeline.recover(OmegaConf.create({"seed": 0, "autocast": "float32"}), handle, meth, tmp_path)
+    ctx = StageContext(tmp_path, 0, "float32", search)
+    assert build_method({"name": "longrope", "factors": str(trained)}).after_finetune(handle, ctx) is None
+    info = meth.after_finetune(handle, ctx)["recovery"]  # the row's train_info.recovery
     rec = json.loads((tmp_path / "recovered_factors.json").read_text())
     assert info["factors_file"] == str(tmp_path / "recovered_factors.json") == meth.resolved["factors_file"]
     assert meth.params()["factors_sha256"] == digest  # the configured method: rows of several seeds group together

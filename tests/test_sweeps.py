@@ -235,11 +235,11 @@ def test_plain_sbatch_template(tmp_path):
 
 def test_requeued_job_keeps_its_row(results_env):
     """A requeued job restarts in the same run directory: same run_id, one row."""
-    from harness import pipeline
+    from harness import lifecycle
 
     cfg = sweeps.compose(["model=tiny_llama", "train=none", "eval=quick"])
     d = results_env / "outputs" / "job0"
-    first = pipeline.start(cfg, run_dir=d)
-    again = pipeline.start(cfg, run_dir=d)
-    assert first["run_id"] == again["run_id"]
+    first = lifecycle.start(cfg, run_dir=d)
+    again = lifecycle.start(cfg, run_dir=d)
+    assert first.row["run_id"] == again.row["run_id"]
     assert len(list((results_env / "results" / "runs").glob("*.json"))) == 1

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, random_llama
 
-from harness import conf_utils, pipeline, precheck
+from harness import conf_utils, lifecycle, pipeline, precheck
 from harness.config import ConfigError
 from harness.methods import build_method
 from harness.methods.rope import default_inv_freq, rope_dims
@@ -201,7 +201,7 @@ def test_impossible_values_are_one_line_before_loading(case, monkeypatch):
     with pytest.raises(ConfigError) as e:
         pipeline.validate(cfg, data=False)
     msg = str(e.value)
-    assert "\n" not in msg and pipeline.one_line(e.value) == msg, msg
+    assert "\n" not in msg and lifecycle.one_line(e.value) == msg, msg
     for w in words:
         assert w in msg, (w, msg)
 

@@ -1,6 +1,6 @@
 """Context-extension methods: one file + one YAML each, registered by a stable short name (``method=pi``).
 
-A method is a small object with five hooks (all optional but ``apply``), called in this order by ``run.py``:
+A method is a small object with hooks (all optional but ``apply``), called in this order by ``run.py``:
 
 - ``apply(handle)``: change the loaded model for the extended context (RoPE parameters, attention function, ...),
   in place. Called once, before fine-tuning and evaluation alike.
@@ -11,6 +11,9 @@ A method is a small object with five hooks (all optional but ``apply``), called 
   recipe; ``apply`` calls it again with the loaded model's); ``check_data(native_ctx)`` does the same for files the
   method reads. Length-like settings are in units of the native window
   C (``harness.config.window_tokens``), so the same YAML means the same on every model.
+- ``after_finetune(handle, ctx)``: the method's own stage on the fine-tuned model, before the convergence gate and
+  the evaluation see it (LongRoPE: its recovery search of the short factors); returns what the row's ``train_info``
+  records besides the fine-tune's own entries, or None. ``ctx`` is a ``StageContext``.
 - ``max_length(handle)``: the longest evaluation length the method supports (None = unbounded); evaluators report
   longer lengths as skipped.
 - ``params()``: the method's parameters; saved beside every checkpoint it produces (``method.json``) and checked
@@ -42,6 +45,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.config import ConfigError
 from harness.registry import Registry
@@ -167,6 +171,18 @@ class MethodArgs:
     name: str = ""
 
 
+@dataclass
+class StageContext:
+    """What the pipeline hands a method's stage hook (``after_finetune``): the run directory to write in, the run's
+    seed and compute dtype, and the factor search package ``harness.search``, which sits on a floor above the
+    methods (it scores candidates through the ``longrope`` method), so it is passed in and never imported here."""
+
+    run_dir: Path
+    seed: int = 0
+    autocast: str = "auto"
+    search: Any = None
+
+
 class Method:
     """No-op hooks; a method overrides what it needs. One level only: no method inherits from another method."""
 
@@ -202,6 +218,11 @@ class Method:
 
     def eval_mode(self, handle) -> None:
         pass
+
+    def after_finetune(self, handle, ctx: StageContext) -> dict | None:
+        """The method's own stage after fine-tuning, on the tuned ``handle``: what it adds to the row's
+        ``train_info``, or None (nothing to do, the default)."""
+        return None
 
     def max_length(self, handle) -> int | None:
         return None

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, Method, MethodArgs, StageContext
 from harness.methods.rope import (
     KV_CACHE_MODES,
     default_inv_freq,
@@ -208,8 +208,20 @@ class LongRoPE(Method):
                             kv_cache=a.kv_cache)
         self.resolved = {"factors_file": f["path"], **got, "provenance": f.get("provenance", {})}
 
+    def after_finetune(self, handle, ctx: StageContext) -> dict | None:
+        """LongRoPE's recovery stage (paper Sec. 3.3), with ``recovery`` naming a short-factor search config
+        (``method.recovery=longrope_short_tiny``): search the factors used at length <= C on the fine-tuned model
+        (``harness.search.recover_short_factors``, writing ``<run_dir>/recovered_factors.json``) and use them from
+        then on (``use_factors``). The row records the search under ``train_info.recovery``."""
+        if not self.args.recovery:
+            return None
+        path, info = ctx.search.recover_short_factors(handle, self.args.recovery, self.resolved["factors_file"],
+                                                      ctx.run_dir, ctx.seed, autocast=ctx.autocast)
+        self.use_factors(handle, path)
+        return {"recovery": info}
+
     def use_factors(self, handle, path: str | Path) -> None:
-        """Put another factors file on the model from now on (LongRoPE's recovery stage, ``pipeline.recover``: the
+        """Put another factors file on the model from now on (LongRoPE's recovery stage, ``after_finetune``: the
         short factors searched on the fine-tuned model); the gate and every evaluator see it, and the saved
         checkpoint's config carries its rope parameters. ``params()`` stays the configured method (rows of several
         seeds are one configuration); the row names the recovered file under ``train_info.recovery``, and evaluating

@@ -182,7 +182,7 @@ def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
         return []
     styles = method_styles(rs, paper)
     base = _base(ents)
-    panels = panels_by_family(rs, paper, ents)
+    panels = panels_by_family(rs, paper, ents) or [("base", [])]  # the base row alone: one panel, as nll_figure
     fig, axes = _grid_axes(len(panels), h=3.9)
     c = ents[0].native_ctx
     n_seen = set()

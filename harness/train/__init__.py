@@ -16,7 +16,7 @@ SCHEDULES = ("constant_with_warmup", "linear", "cosine")  # after the linear war
 
 class Terminated(BaseException):
     """SIGTERM (Slurm preemption or time limit, ``kill``): raised in the main thread so the row ends ``failed``
-    (``harness.pipeline.raise_on_sigterm``). A ``BaseException``: a kill ends a sweep too."""
+    (``harness.lifecycle.raise_on_sigterm``). A ``BaseException``: a kill ends a sweep too."""
 
 
 class Preempted(Terminated):

@@ -54,7 +54,7 @@ allow-listed), never by unpickling arbitrary objects. A corrupt file that keeps 
 Preemption (Slurm's SIGTERM; submitit's SIGUSR2 before the time limit): torchrun is started with SIGTERM and SIGUSR2
 ignored and told not to handle SIGTERM (``--signals-to-handle``), so neither it nor, until they install their
 handlers, its ranks die of them. Each rank records SIGUSR2 / SIGTERM (``StopFlag``) and so does ``launch`` in the
-parent (``SignalRelay``, in place of ``pipeline.raise_on_sigterm``'s and submitit's handlers while torchrun runs),
+parent (``SignalRelay``, in place of ``lifecycle.raise_on_sigterm``'s and submitit's handlers while torchrun runs),
 which passes the request on in a file (``<job>/stop_requested``) that every rank checks at each step boundary. At
 the boundary the ranks agree (the flag rides on the loss all-reduce, one collective per step, on ``dev``); on a
 request they save a checkpoint of the finished step, rank 0 writes ``<job>/preempted.json``, and they exit with

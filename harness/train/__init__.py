@@ -41,7 +41,7 @@ class TrainArgs:
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
     ema: bool = True  # evaluate the EMA of the weights (paper; absent from its code release)
-    ema_decay: float = 0.999  # constant decay
+    ema_decay: float = 0.99  # constant decay (paper recipes; docs/ema.md)
     # divide out the base model's share d^t of the average (harness.train.ema); false: the committed tiny rows'
     # behaviour (and config hash), true in the paper recipes
     ema_bias_correction: bool = False

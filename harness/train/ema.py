@@ -5,15 +5,16 @@ Update ``t`` (1-based, one per optimizer step) moves the average towards the new
 ``ema <- ema + u_t * (w_t - ema)``. The average starts at the base model's weights, so
 
 - without bias correction (``u_t = 1 - d``), after ``T`` steps the base model keeps a weight of ``d^T`` in the
-  evaluated weights (:func:`base_share`): 0.999^953 = 38.5% after the paper's 953 steps (1B tokens in steps of
-  32 x 32k), 0.999^476 = 62% for NTK-64K (1B tokens in steps of 32 x 64k). docs/ema.md has the arithmetic.
+  evaluated weights (:func:`base_share`): at d = 0.999, 38.5% after the paper's 953 steps (1B tokens in steps of
+  32 x 32k) and 62% for NTK-64K (476 steps of 32 x 64k). docs/ema.md has the arithmetic.
 - with bias correction (``u_t = (1 - d) / (1 - d^t)``, so ``u_1 = 1``), the average is Adam's bias-corrected one,
   ``(1 - d) / (1 - d^T) * sum_t d^(T - t) w_t``: only fine-tuned iterates, the base model's share is 0.
 
 Which to use: the paper says only "an exponential moving average (EMA) of model weights with a constant decay"
-(Section 4 and Appendix); LCEG's released fine-tune.py has no EMA at all. Both say the evaluated model is the
-fine-tuned one, not a blend with the base, so the paper recipes (``conf/train/paper*.yaml``) set
-``ema_bias_correction: true``; ``train.ema=false`` (or ``train.ema_decay=0``) evaluates the last iterate, as LCEG's
+(Section 4 and Appendix); LCEG's released fine-tune.py has no EMA at all. Both mean the evaluated model to be the
+fine-tuned one, not a blend with the base. So the paper recipes (``conf/train/paper*.yaml``) set
+``ema_bias_correction: true`` and a decay of 0.99, a window of ~100 of their 953 steps; measured on the CPU
+miniature in docs/ema.md. ``train.ema=false`` (or ``train.ema_decay=0``) evaluates the last iterate, as LCEG's
 code does. ``TrainArgs.ema_bias_correction`` defaults to false: the behaviour the committed tiny-study rows were
 trained with (0.9^512: a base share of 4e-24, so there it changes nothing) and the config hash they are found by.
 

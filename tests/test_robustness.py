@@ -333,7 +333,7 @@ def test_full_disk_during_make_tables_keeps_the_previous_tables(tmp_path):
 
         write_rows(tmp_path, [make_row(tmp_path, f"r{i}-{m}", m, train=t) for i, (m, t) in enumerate(
             [("ntk_dynamic", "tiny"), ("self_extend", "none"), ("clex", "tiny"), ("abf", "tiny")], 4)])  # bigger
-        with open(disk / "filler", "wb") as f:
+        with open(disk / "filler", "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
             try:
                 while True:
                     f.write(b"\0" * 65536)

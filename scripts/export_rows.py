@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,9 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=str(ROOT / "results"), help="results directory (reads <results>/runs/)")
+    ap.add_argument("--results", default=os.environ.get("HARNESS_RESULTS_DIR", str(ROOT / "results")),
+                    help="results directory (reads <results>/runs/; default $HARNESS_RESULTS_DIR, where run.py "
+                         "writes, else results/)")
     ap.add_argument("--out", default=None, help="output directory (default <results>/export)")
     a = ap.parse_args(argv)
     from harness.tables.export import frame, write

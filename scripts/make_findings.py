@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=str(ROOT / "results"), help="results directory (reads <results>/runs/)")
+    ap.add_argument("--results", default=os.environ.get("HARNESS_RESULTS_DIR", str(ROOT / "results")),
+                    help="results directory (reads <results>/runs/; default $HARNESS_RESULTS_DIR, where run.py "
+                         "writes, else results/)")
     ap.add_argument("--out", default=None, help="output file (default <results>/findings.md)")
     ap.add_argument("--model", default=None, help="model to test (default: the one with the most configurations)")
     ap.add_argument("--runs", default=None, help="read the rows (*.json) from this directory instead of <results>/runs")

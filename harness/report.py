@@ -58,7 +58,7 @@ def summary(row: dict) -> Table:
     """The row's per-length metrics; each evaluator's headline metric with its 95% interval where the evaluator
     stored one (``ci``)."""
     t = Table(title=f"run {row['run_id']}  {row.get('model')} / {row.get('method')} / train={row.get('train')}  "
-                    f"[{row['status']}]", caption="[95% interval]: Wilson (accuracies, scores), bootstrap over "
+                    f"[{row['status']}]", caption="[95% interval]: Wilson (accuracies, scores), Student t over "
                                               "documents (PPL); n per cell in the row")
     lengths: list[str] = []
     series = []
@@ -86,7 +86,7 @@ def summary(row: dict) -> Table:
 def versus_base(row: dict, results_dir) -> str | None:
     """One line: what the run changed against the frozen base model evaluated with the same suite and seed (the
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
-    perplexity (the ratio to the base, paired bootstrap over the same windows). ``None`` when there is no such base
+    perplexity (the ratio to the base, paired Student t over the same windows). ``None`` when there is no such base
     row (``make run`` writes one first)."""
     import json
     from pathlib import Path
@@ -122,7 +122,7 @@ def versus_base(row: dict, results_dir) -> str | None:
     pp, pp0 = books.get("ppl") or {}, books0.get("ppl") or {}
     for L, v in pp.items():
         if pp0.get(L):
-            # paired bootstrap over the same windows (per-window mean NLL, in window order) when both rows have them
+            # paired Student t over the same windows (per-window mean NLL, in window order) when both rows have them
             r = ppl_ratio((books.get("per_sample") or {}).get(L) or [], (books0.get("per_sample") or {}).get(L) or [])
             ci = f" [{r[1]:.2f}, {r[2]:.2f}]" if r else ""
             parts.append(f"books PPL@{L} {pp0[L]:.1f} -> {v:.1f} (x{v / pp0[L]:.2f}{ci})")

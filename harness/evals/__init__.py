@@ -176,6 +176,14 @@ def lengths_within(own, lengths, limit: int | None) -> list[int]:
     return [int(L) for L in (own or lengths or []) if limit is None or int(L) <= limit]
 
 
+def tasks_x_samples(a, lengths, limit: int | None) -> tuple[dict, str]:
+    """``count_prompts`` of an evaluator that runs ``a.samples`` prompts of each of ``a.tasks`` at every length
+    (RULER, BABILong, HELMET recall): {length: tasks x samples} and its basis."""
+    n = len(a.tasks) * a.samples
+    return ({L: n for L in lengths_within(a.lengths, lengths, limit)},
+            f"{len(a.tasks)} tasks x {a.samples} samples x lengths")
+
+
 def build_evaluators(suite_cfg) -> list:
     """The one builder for the eval suite: ``{name: node}`` -> evaluator instances, in order."""
     return [EVALS.build(node, f"eval.suite.{key}", name=(node or {}).get("name") or key)

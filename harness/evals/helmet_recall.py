@@ -47,7 +47,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
 from harness.evals._ruler_data import DoesNotFit, RulerGenerator, _largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import (
@@ -163,11 +163,7 @@ class HelmetRecall:
     extended = "HELMET recall"  # its column in the 2024-benchmarks table
 
     def count_prompts(self, lengths, limit):
-        """{length: tasks x samples} and its basis."""
-        a = self.args
-        n = len(a.tasks) * a.samples
-        return ({L: n for L in lengths_within(a.lengths, lengths, limit)},
-                f"{len(a.tasks)} tasks x {a.samples} samples x lengths")
+        return tasks_x_samples(self.args, lengths, limit)
 
     @dataclass
     class Args(EvalArgs):

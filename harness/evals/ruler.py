@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
 from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
 from harness.evals.common import PrefixCache, reuse_order
 from harness.stats import bounded_interval
@@ -44,11 +44,7 @@ class Ruler:
     by_length = True  # samples seeded per task and length: one shard per length is exact
 
     def count_prompts(self, lengths, limit):
-        """{length: tasks x samples} and its basis."""
-        a = self.args
-        n = len(a.tasks) * a.samples
-        return ({L: n for L in lengths_within(a.lengths, lengths, limit)},
-                f"{len(a.tasks)} tasks x {a.samples} samples x lengths")
+        return tasks_x_samples(self.args, lengths, limit)
 
     @dataclass
     class Args(EvalArgs):

@@ -22,6 +22,10 @@ from harness.train import Terminated
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    try:
+        precheck.resolve_model(cfg)  # model=hub: a missing or wrong checkpoint is one line before anything starts
+    except Exception as e:  # noqa: BLE001 - a command line that does not resolve: one line, a failed row, exit 2
+        precheck.refuse(e, list(hydra.core.hydra_config.HydraConfig.get().overrides.task))
     if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
         return _sharded(cfg)
     lifecycle.raise_on_sigterm()                                                  # kill / Slurm -> a failed row
@@ -82,5 +86,6 @@ def _exit_failed(message: str, stop_sweep: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    precheck.precheck_or_exit(sys.argv[1:])  # unknown options / keys: one line + a failed row, before Hydra
-    lifecycle.run_guarded(main, sys.argv[1:])  # failures outside a run's try (Hydra's mkdir, ...): one line + row
+    precheck.precheck_or_exit(sys.argv[1:])  # a sweep: every job composed and checked before launch (or submitted)
+    lifecycle.run_guarded(main, sys.argv[1:],  # failures outside a run's try: one line + a failed row
+                          on_config_error=precheck.config_refusal(sys.argv[1:]))

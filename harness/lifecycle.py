@@ -272,10 +272,12 @@ class RunFailed(RuntimeError):
     records it as a failed job and the sweep goes on; the sweep then ends with this exception)."""
 
 
-def run_guarded(main, argv: list[str]) -> None:
-    """Call Hydra's ``main`` so that failures outside a run's own try (Hydra creating or writing the output
-    directory, a results directory that refuses the row, a failed multirun job) print one line, leave a failed
-    row where one can be written, and exit non-zero, instead of a stack trace."""
+def run_guarded(main, argv: list[str], on_config_error=None) -> None:
+    """Call Hydra's ``main`` so that failures outside a run's own try (Hydra composing the command line or creating
+    the output directory, a results directory that refuses the row, a failed multirun job) print one line, leave a
+    failed row where one can be written, and exit non-zero, instead of a stack trace. A single run's command line that
+    does not compose or resolve goes to ``on_config_error(e)`` (``harness.precheck.refuse``: the line names the
+    override and its valid choices) when given."""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing a trimmed stack trace
     try:
         main()
@@ -288,6 +290,8 @@ def run_guarded(main, argv: list[str]) -> None:
         if running:  # a row this process started and did not finish
             problem = running[-1].finish(e)
         elif not STARTED and _before_any_job(e, argv):  # Hydra failed before the run began
+            if on_config_error is not None and not _multirun(argv) and isinstance(e, Exception):
+                on_config_error(e)  # exits when it is a config error
             problem = fail_before_compose(_results_dir(argv), line)
         else:  # the run's row is finished (e.g. stdout closed while printing the summary), or a launcher's jobs
             problem = None  # ran elsewhere and wrote their own rows (submitit collecting results): no extra row
@@ -295,10 +299,14 @@ def run_guarded(main, argv: list[str]) -> None:
         sys.exit(1)
 
 
+def _multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
 def _before_any_job(e: BaseException, argv: list[str]) -> bool:
     """Whether ``e`` escaped Hydra before any job ran: always for a single run; for a sweep, a filesystem, Hydra or
     config error (not a launcher's complaint about jobs it ran elsewhere)."""
-    if not any(a in ("-m", "--multirun") for a in argv):
+    if not _multirun(argv):
         return True
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException

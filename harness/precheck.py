@@ -1,5 +1,6 @@
-"""The command-line precheck of ``run.py``: compose (and for a sweep, validate) the overrides before Hydra does, so
-that a bad command line is one line naming the problem plus a failed row. It sits above the pipeline, the sweeps and
+"""The command-line precheck of ``run.py``: a bad command line is one line naming the problem plus a failed row. A
+sweep is composed and validated job by job before Hydra launches it; a single run is composed once, by Hydra, and
+its composition errors come back here (``refuse``). It sits above the pipeline, the sweeps and
 the registries it names in its messages; ``harness.conf_utils`` (below everything) only composes."""
 from __future__ import annotations
 
@@ -9,18 +10,16 @@ HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--resolve", "--version"
 
 
 def precheck_or_exit(argv: list[str]) -> None:
-    """Compose (and, for a sweep, validate) the command line before Hydra does, so that an unknown group option, an
-    unknown key, a malformed override or an impossible value prints one clear line naming it (with the valid
-    alternatives) and leaves a failed row, instead of Hydra's multi-line errors. A single run composes here and is
-    validated by ``run.py`` itself (its row records the failure); a multirun (``-m``) composes and validates every
-    job of the sweep (``harness.sweeps.expand``, the basic sweeper's job list), so one bad job stops the sweep before
-    anything is launched. Nothing is checked for help / ``--cfg`` / other ``--`` flags, or with
-    ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides (launcher,
-    sweep dirs) are left to Hydra and do not affect the jobs' configs. Two exceptions: a sweep with the Slurm
-    launcher is submitted by ``harness.submit`` and ``run.py`` exits at once (``_submit_to_slurm``); a single run
-    inside a Slurm step of several nodes is refused (``harness.train.deepspeed_engine.one_node_step``)."""
-    import sys
-
+    """Before Hydra: a sweep (``-m``) composes and validates every job (``harness.sweeps.expand``, the basic
+    sweeper's job list), so that an unknown group option, an unknown key, a malformed override or an impossible value
+    in any job prints one clear line naming it (with the valid alternatives) and leaves a failed row before anything is
+    launched; a sweep with the Slurm launcher is submitted by ``harness.submit`` and ``run.py`` exits at once
+    (``_submit_to_slurm``). A single run is not composed here: Hydra composes it once, and a command line that does
+    not compose or resolve reaches ``refuse`` through ``harness.lifecycle.run_guarded`` (the same line, row and exit
+    code); only a single run inside a Slurm step of several nodes is refused here
+    (``harness.train.deepspeed_engine.one_node_step``). Nothing is checked for help / ``--cfg`` / other ``--`` flags,
+    or with ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides
+    (launcher, sweep dirs) are left to Hydra and do not affect the jobs' configs."""
     multirun = any(a in ("-m", "--multirun") for a in argv)
     flags = any(a in HELP_FLAGS or a.startswith("--cfg") or (a.startswith("-") and a not in ("-m", "--multirun"))
                 for a in argv)
@@ -28,7 +27,7 @@ def precheck_or_exit(argv: list[str]) -> None:
         return
     if flags or any(a.startswith("hydra.searchpath") for a in argv):
         return
-    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    overrides = plain_overrides(argv)
     try:
         if multirun:
             _precheck_sweep(overrides)
@@ -36,14 +35,46 @@ def precheck_or_exit(argv: list[str]) -> None:
             from harness.train.deepspeed_engine import one_node_step
 
             one_node_step()  # inside a Slurm job: one node per run
-            resolve_model(compose(overrides))
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
-        from harness.lifecycle import fail_before_compose
+        refuse(e, overrides)
 
-        line = explain(e, overrides)
-        fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
-        print(line, file=sys.stderr)
-        sys.exit(2)
+
+def plain_overrides(argv: list[str]) -> list[str]:
+    """The config overrides of a command line: no flags, no ``hydra...`` settings."""
+    return [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+
+
+def is_config_error(e: BaseException) -> bool:
+    """Whether ``e`` says the command line does not compose or resolve (Hydra, OmegaConf, or the harness's own
+    ``ConfigError`` from a resolver), as opposed to a failure of the machine (a directory that cannot be made)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from harness.config import ConfigError
+
+    return isinstance(e, (HydraException, OmegaConfBaseException, ConfigError))
+
+
+def config_refusal(argv: list[str]):
+    """``run_guarded``'s handler for a single run: ``refuse`` a config error of this command line; anything else
+    (returns) is left to the guard."""
+    def handler(e: BaseException) -> None:
+        if is_config_error(e):
+            refuse(e, plain_overrides(argv))
+    return handler
+
+
+def refuse(e: BaseException, overrides: list[str]) -> None:
+    """A command line that does not compose, resolve or validate: print one line naming the problem (``explain``),
+    leave a failed row in the results directory it names, exit 2."""
+    import sys
+
+    from harness.lifecycle import fail_before_compose
+
+    line = explain(e, overrides)
+    problem = fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
+    print(line + (f" [{problem}]" if problem else ""), file=sys.stderr)
+    sys.exit(2)
 
 
 def _submit_to_slurm(argv: list[str]) -> bool:
@@ -67,19 +98,14 @@ def _submit_to_slurm(argv: list[str]) -> bool:
     try:
         submit.submit(overrides, cluster="slurm")
     except Exception as e:  # noqa: BLE001 - every refusal: one line + a failed row
-        from harness.lifecycle import fail_before_compose
-
-        plain = [o for o in overrides if not o.startswith("hydra")]
-        line = explain(e, plain)
-        fail_before_compose(_results_dir_of(plain), line, names=_names_of(plain))
-        print(line, file=sys.stderr)
-        sys.exit(2)
+        refuse(e, [o for o in overrides if not o.startswith("hydra")])
     sys.exit(0)
 
 
 def resolve_model(cfg) -> None:
-    """Resolve the ``model`` node now: ``model=hub`` reads its window, dtype and name from the checkpoint's
-    ``config.json`` (``harness.conf_utils``), so a missing or wrong ``model.path`` is one line before Hydra starts."""
+    """Resolve the ``model`` node now, before the row starts: ``model=hub`` reads its window, dtype and name from
+    the checkpoint's ``config.json`` (``harness.conf_utils``), so a missing or wrong ``model.path`` is one line
+    (``refuse``) rather than a run that fails later."""
     from omegaconf import OmegaConf
 
     OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=True)

@@ -311,6 +311,8 @@ def _cli(args, tmp_path, timeout=600):
 @pytest.mark.parametrize("args,rc,words", [
     (["method=ntk_64k", "method.max_len=0.5", "train=none", "eval=quick"], 1, ["run failed:", "max_len"]),
     (["method=base", "train=none", "eval=quick", "eval.lengths=[100000000]"], 1, ["run failed:", "eval.lengths"]),
+    (["method=nosuch", "train=none"], 2, ["config error", "available: abf, base"]),  # composed once, by Hydra
+    (["train.lrr=1"], 2, ["config error", "train.lrr", "valid keys of train", "schedule"]),
     (["-m", "method=nosuch,base", "train=none"], 2, ["config error", "available: abf, base"]),
     (["-m", "method=base,pi", "train.lrr=1"], 2, ["config error", "train.lrr", "valid keys of train", "schedule"]),
     (["-m", "method=base,pi", "train=none", "eval=quick", "eval.lengths=[0]"], 2,
@@ -340,8 +342,16 @@ def test_a_command_line_that_does_not_compose_leaves_its_row_in_its_own_results_
     monkeypatch.delenv("HARNESS_RESULTS_DIR", raising=False)
     monkeypatch.chdir(tmp_path)  # a row in ./results would be the wrong place
     with pytest.raises(SystemExit):
-        precheck.precheck_or_exit(["train.lrr=1", f"paths.results_dir={tmp_path / 'mine'}"])
+        precheck.precheck_or_exit(["-m", "train.lrr=1,2", f"paths.results_dir={tmp_path / 'mine'}"])
     rows = list((tmp_path / "mine" / "runs").glob("*.json"))
     assert len(rows) == 1 and json.loads(rows[0].read_text())["status"] == "failed"
     assert not (tmp_path / "results").exists()
     assert "train.lrr" in capsys.readouterr().err
+    # a single run: Hydra composes it, its error reaches precheck.refuse through run_guarded (config_refusal)
+    single = ["train.lrr=1", f"paths.results_dir={tmp_path / 'single'}"]
+    with pytest.raises(Exception) as e:
+        conf_utils.compose(single)
+    with pytest.raises(SystemExit) as out:
+        precheck.config_refusal(single)(e.value)
+    assert out.value.code == 2 and len(list((tmp_path / "single" / "runs").glob("*.json"))) == 1
+    assert not (tmp_path / "results").exists()

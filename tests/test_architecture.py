@@ -25,7 +25,7 @@ FLOORS = [
     ("lifecycle", {"lifecycle"}),  # a run's row from start to finish: the one writer of results/runs/*.json
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
-    ("entry", {"precheck", "shards"}),
+    ("entry", {"precheck", "shards", "cli"}),  # cli: the `harness <tool>` console command (runs the scripts)
 ]
 FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 

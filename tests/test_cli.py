@@ -1,0 +1,36 @@
+"""The ``harness`` console command (harness/cli.py, ``[project.scripts]``): every tool it names exists, and it runs
+them as their own ``__main__`` with their own exit codes."""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from harness import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_console_script_is_declared_and_every_tool_exists():
+    """The installed distribution's entry point (make setup reinstalls when pyproject.toml changes)."""
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "harness"]
+    assert ep.value == "harness.cli:main" and ep.load() is cli.main
+    for tool, (target, what) in cli.TOOLS.items():
+        assert what, tool
+        if target.startswith("-m "):
+            assert (ROOT / (target[3:].replace(".", "/") + ".py")).is_file(), tool
+        else:
+            assert (ROOT / target).is_file() and "__main__" in (ROOT / target).read_text(), tool
+
+
+def test_unknown_tool_is_one_line_and_exit_2(capsys):
+    assert cli.main(["nosuch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown tool 'nosuch'" in err[0] and "tables" in err[0]
+    assert cli.main([]) == 2 and "usage: harness" in capsys.readouterr().out
+
+
+def test_a_tool_runs_as_its_own_main(tmp_path, capsys):
+    """`harness status <dir>` is `python -m harness.status <dir>`: an empty results dir lists nothing, exit 0."""
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["status", str(tmp_path)]) == 0
+    assert cli.main(["status", "--no-such-flag"]) == 2  # argparse's own exit code comes back

@@ -201,32 +201,14 @@ def checkpoint_space(s: Shape, p_t: int, steps: int, save_every: int, ema: bool,
 
 # ---------------------------------------------------------------------------------------------------- evaluation
 def gen_tokens_per_prompt(ev) -> tuple[float, str]:
-    """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from."""
-    a = ev.args
+    """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from:
+    its own ``gen_tokens_per_prompt()`` (harness.evals), else the first budget its ``Args`` set."""
     if not getattr(ev, "generates", False):
         return 0, "no decoding"
-    name = getattr(a, "name", "")
-    cap = int(getattr(a, "max_new_tokens", 0) or 0)
-    if name == "ruler":
-        from harness.evals._ruler_data import TASKS
-        from harness.evals.templates import RULER_TASKS
-
-        over = dict(a.tokens_to_generate or {})
-        per = [int(over.get(t, over.get(TASKS[t][0], RULER_TASKS[TASKS[t][0]]["tokens_to_generate"])))
-               for t in a.tasks]
-        per = [min(cap, n) if cap > 0 else n for n in per]
-        return (sum(per) / len(per) if per else 0), "mean of RULER's per-task tokens_to_generate"
-    if name == "longbench":
-        from harness.evals._longbench_metrics import MAX_GEN
-
-        per = [MAX_GEN[t] if a.max_gen_cap <= 0 else min(MAX_GEN[t], a.max_gen_cap) for t in ev.task_list()]
-        return (sum(per) / len(per) if per else 0), "mean of LongBench's per-task dataset2maxlen"
-    if name == "helmet_recall" and hasattr(ev, "gen_tokens"):
-        per = [ev.gen_tokens(t) for t in a.tasks]
-        per = [min(cap, n) if cap > 0 else n for n in per]
-        return (sum(per) / len(per) if per else 0), "mean of the per-task generation_max_length"
+    if hasattr(ev, "gen_tokens_per_prompt"):
+        return ev.gen_tokens_per_prompt()
     for field in ("gen_tokens", "max_new_tokens", "max_gen"):
-        n = int(getattr(a, field, 0) or 0)
+        n = int(getattr(ev.args, field, 0) or 0)
         if n > 0:
             return n, field
     return 0, "generates, budget unknown: not counted"

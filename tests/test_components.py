@@ -8,6 +8,7 @@ import io
 import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -17,10 +18,12 @@ from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs
 from harness.methods import METHODS, Method, build_method, facts
 from harness.tables import build_all
+from harness.tables import estimates as est
 from harness.tables.build import attention
 from harness.tables.findings import Evidence, approx, exact_ft
 from harness.tables.paper import Paper
-from tests.test_tables import make_row, write_rows
+from harness.tables.rows import RowSet, load_spec
+from tests.test_tables import C, make_row, write_rows
 
 METHOD_PY = '''
 """A method kept outside the harness: plain RoPE under another name (what it does is not the point here)."""
@@ -41,7 +44,8 @@ scale: 3.0
 facts: {label: Toy-RoPE, family: approximate, trains: true}
 """
 EVAL_PY = '''
-"""An evaluator kept outside the harness: counts its prompts, measures nothing."""
+"""An evaluator kept outside the harness: counts its prompts, measures nothing; its records name their fields
+unlike any shipped evaluator's (ctx, hit), and its floor is a threshold no shipped evaluator uses."""
 from dataclasses import dataclass
 
 from harness.evals import EVALS, EvalArgs, lengths_within
@@ -49,7 +53,11 @@ from harness.evals import EVALS, EvalArgs, lengths_within
 
 @EVALS.register("toy_eval")
 class ToyEval:
-    metric = "hits"
+    metric = "accuracy"
+    reader = "percent"
+    generates = True
+    records = {"length": "ctx", "score": ("hit",)}
+    floor = {"threshold": 40, "chance": 0.0, "ceiling": 100}
 
     @dataclass
     class Args(EvalArgs):
@@ -62,8 +70,11 @@ class ToyEval:
         ok = lengths_within(self.args.lengths, lengths, limit)
         return {L: self.args.samples for L in ok}, "samples x lengths"
 
+    def gen_tokens_per_prompt(self):
+        return 5.0, "toy budget"
+
     def run(self, handle, method, ctx):
-        return {"hits": {}}
+        return {"accuracy": {}}
 '''
 EVAL_YAML = """
 name: toy_eval
@@ -101,10 +112,11 @@ def test_plugin_method_and_evaluator_reach_every_consumer(plugins, tmp_path):
     assert build_method(cfg.method).args.scale == 3.0                          # facts are not a parameter
     assert "toy_rope" in METHODS and "toy_eval" in EVALS
 
-    # the plan counts the new evaluator's prompts by its own cost model
+    # the plan counts the new evaluator's prompts and decoded tokens by its own cost model
     ev = plan.point_plan(cfg, plan.PlanArgs(bench="/none"))["eval"]["toy"]
     lengths = list(cfg.eval.lengths)
     assert ev["prompts"] == 7 * len(lengths) and ev["evaluator"] == "toy_eval"
+    assert (ev["gen_tokens_per_prompt"], ev["gen_basis"]) == (5.0, "toy budget")
 
     # the tables: a row of the new method renders with its label, in its family's group
     rows = [make_row(tmp_path, "r1-base", "base", train="none"), make_row(tmp_path, "r2-toy", "toy_rope")]
@@ -122,12 +134,27 @@ def test_plugin_method_and_evaluator_reach_every_consumer(plugins, tmp_path):
     paper = Paper()
     assert "toy_rope" not in exact_ft(paper) + approx(paper)
 
+    # the tables' floor rule and record intervals: the base scores 30% at C (3 hits of 10 records, no per-sample
+    # scores in the row), below the class's threshold 40; the interval comes from the records' ctx / hit fields
+    for r in rows:
+        r["metrics"]["toy"] = {"accuracy": {str(C): 30.0}}
+        r["config"]["eval"]["suite"]["toy"] = {"name": "toy_eval"}
+        (tmp_path / "outputs" / r["run_id"] / "samples" / "toy.jsonl").write_text(
+            "".join(f'{{"ctx": {C}, "hit": {int(i < 3)}}}\n' for i in range(10)))
+    spec = load_spec()
+    spec["sources"]["toy"] = {"entries": ["toy"], "evaluator": "toy_eval", "metric": "accuracy"}
+    rs = RowSet(rows, spec)
+    fl = est.floor(rs, "tiny_llama", "toy")
+    assert not fl.measurable and fl.threshold == 40 and "below the threshold 40" in fl.reason
+    x = est.at(rs, next(e for e in rs.entries if e.method == "base"), "toy", 1.0)
+    assert x.value == 30.0 and x.ci is not None and x.lo < 30.0 < x.hi
+
     # the report: the new evaluator's headline metric with its interval
     row = {"run_id": "r", "status": "ok", "config": {"eval": {"suite": {"toy": {"name": "toy_eval"}}}},
-           "metrics": {"toy": {"hits": {"512": 0.5}, "ci": {"512": [0.25, 0.75]}}}}
+           "metrics": {"toy": {"accuracy": {"512": 0.5}, "ci": {"512": [0.25, 0.75]}}}}
     con = Console(width=200, record=True, file=io.StringIO())
     con.print(report.summary(row))
-    assert "| toy.hits | 0.50 [0.25,0.75] |" in con.export_text().replace("\u2502", "|")
+    assert "| toy.accuracy | 0.50 [0.25,0.75] |" in con.export_text().replace("\u2502", "|")
     assert facts("toy_rope").trains and not facts("toy_rope").beyond_paper
 
 
@@ -164,3 +191,13 @@ def test_every_method_and_evaluator_declares_what_the_tables_read():
     for name, cls in EVALS.items():
         assert isinstance(cls.metric, str) and callable(cls.count_prompts), name
         assert getattr(cls, "reader", "ppl") in SHAPES, name
+
+
+def test_no_table_outside_the_evaluators_is_keyed_by_their_names():
+    """What an evaluator's numbers need (record fields, floors, decode budgets) lives on its class: ``spec.yaml``
+    maps table columns to sources, and none of its other sections is a table keyed by evaluator names."""
+    spec = load_spec()
+    keyed = {sec: sorted(set(v) & set(EVALS.names())) for sec, v in spec.items() if isinstance(v, dict)
+             and sec != "sources"}
+    assert not any(keyed.values()), keyed
+    assert "name ==" not in Path(plan.__file__).read_text()

@@ -24,7 +24,17 @@ name (the registry refuses a class without ``metric`` and ``count_prompts`` when
   (``harness.shards``) may split it into one shard per length and merge the outputs exactly;
 - ``reader`` (optional): how the tables read one length's number with its interval, by the shape of the output
   (``harness.tables.estimates.SHAPES``: ``proportion``, ``niah``, ``ruler``, ``ppl``, ``percent``);
-- ``extended`` (optional): its column title in the 2024-benchmarks table (``harness.tables.build.extended_table``).
+- ``extended`` (optional): its column title in the 2024-benchmarks table (``harness.tables.build.extended_table``);
+- ``records`` (optional): the fields of its per-sample records that the tables read for a bootstrap interval when a
+  row keeps no per-sample scores (``harness.tables.samples``): ``length`` (the field giving the length, or the shot
+  count), ``task`` (the task, where its number is a mean over tasks), ``score`` (the per-sample score: a tuple of
+  field names, the first one a record has is used);
+- ``floor`` (optional): when the tables call it "not measurable at this scale" (``harness.tables.estimates.floor``),
+  in its own units: the frozen base model scores below ``threshold`` at the native window C, or every method scores
+  at most ``chance`` everywhere, or at least ``ceiling`` everywhere;
+- ``gen_tokens_per_prompt() -> (tokens, basis)`` (optional, for an evaluator that decodes): the plan's decode
+  budget per prompt and what it rests on; without it the plan reads ``gen_tokens`` / ``max_new_tokens`` /
+  ``max_gen`` from its ``Args`` (``harness.plan.gen_tokens_per_prompt``).
 
 Data-parallel evaluation (``eval_world_size`` > 1, ``harness.eval_distributed``): every rank runs the same evaluator
 on its own replica with an ``EvalContext`` that knows its ``rank`` and ``world_size``. ``ctx.map(fn, items)`` (or
@@ -158,8 +168,9 @@ class Evaluator(Protocol):
     """The contract of a registered evaluator: an ``Args`` dataclass (``EvalArgs`` or a subclass), built as
     ``cls(args)`` (``Registry.build``), ``run(handle, method, ctx) -> dict`` of JSON-able metrics, and its
     declarations (module docstring: ``metric``, ``count_prompts``; optional ``by_length``, ``reader``,
-    ``extended``). Optional hooks, called when present: ``check(native_ctx, where)``, ``check_data(where)``,
-    ``max_length()``; a class attribute ``version`` (1 when absent)."""
+    ``extended``, ``records``, ``floor``, ``gen_tokens_per_prompt()``). Optional hooks, called when present:
+    ``check(native_ctx, where)``, ``check_data(where)``, ``max_length()``; a class attribute ``version`` (1 when
+    absent)."""
 
     Args: ClassVar[type]
     args: Any

@@ -354,6 +354,8 @@ class Babilong:
     metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "ruler"  # RULER's output shape: a length's mean over tasks with its interval (0..100)
     extended = "BABILong"  # its column in the 2024-benchmarks table
+    records = {"length": "length", "task": "task", "score": ("score", "correct")}  # samples/babilong.jsonl fields
+    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)

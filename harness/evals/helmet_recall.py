@@ -161,6 +161,8 @@ class HelmetRecall:
     metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "ruler"  # RULER's output shape: a length's mean over tasks with its interval (0..100)
     extended = "HELMET recall"  # its column in the 2024-benchmarks table
+    records = {"length": "length", "task": "task", "score": ("score",)}  # samples/helmet_recall.jsonl fields
+    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)
@@ -197,6 +199,14 @@ class HelmetRecall:
 
     def gen_tokens(self, task: str) -> int:
         return int(self.args.generation_max_length.get(task, GEN_TOKENS[task]))
+
+    def gen_tokens_per_prompt(self) -> tuple[float, str]:
+        """The plan's decode budget per prompt: the mean over the tasks of ``gen_tokens``, capped by
+        ``max_new_tokens``."""
+        cap = int(self.args.max_new_tokens or 0)
+        per = [self.gen_tokens(t) for t in self.args.tasks]
+        per = [min(cap, n) if cap > 0 else n for n in per]
+        return (sum(per) / len(per) if per else 0), "mean of the per-task generation_max_length"
 
     def ruler(self, tokenizer, seed: int = 0) -> RulerGenerator:
         a = self.args

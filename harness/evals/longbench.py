@@ -165,6 +165,7 @@ class LongBench:
     data_parallel = True  # samples generated through ctx.map (per task)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
     metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+    records = {"task": "task", "score": ("score",)}  # samples/longbench.jsonl fields (the tables' intervals)
 
     def count_prompts(self, lengths, limit):
         """{prompt budget: tasks x samples}: an upper bound (every prompt counted at the full budget)."""
@@ -212,6 +213,13 @@ class LongBench:
 
     def task_list(self) -> list[str]:
         return list(self.args.tasks) or list(SUBSETS[self.args.subset])
+
+    def gen_tokens_per_prompt(self) -> tuple[float, str]:
+        """The plan's decode budget per prompt: the mean over the tasks of LongBench's ``dataset2maxlen``, capped
+        by ``max_gen_cap``."""
+        a = self.args
+        per = [M.MAX_GEN[t] if a.max_gen_cap <= 0 else min(M.MAX_GEN[t], a.max_gen_cap) for t in self.task_list()]
+        return (sum(per) / len(per) if per else 0), "mean of LongBench's per-task dataset2maxlen"
 
     def check(self, native_ctx: int, where: str) -> None:
         a = self.args

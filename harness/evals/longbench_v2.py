@@ -121,6 +121,8 @@ class LongBenchV2:
     metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "percent"  # the tables read a length's accuracy in % over items
     extended = "LongBench v2"  # its column in the 2024-benchmarks table
+    records = {"length": "length", "score": ("score",)}  # samples/longbench_v2.jsonl fields
+    floor = {"threshold": 25, "chance": 25, "ceiling": 100}  # four choices: 25% is chance
 
     def count_prompts(self, lengths, limit):
         """{length: items} and its basis (every item truncated to each length)."""

@@ -99,6 +99,7 @@ class ManyShotTrec:
     data_parallel = True  # items generated through ctx.map (per shot count)
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
     metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
+    records = {"length": "shots", "score": ("correct", "score")}  # samples/manyshot_trec.jsonl: per shot count
 
     def count_prompts(self, lengths, limit):
         """{prompt length: items}: each shot count's prompt of ``shots x ASSUMED_TOKENS_PER_SHOT`` tokens (at most

@@ -107,6 +107,9 @@ class NeedleInAHaystack:
     generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
     metric = "score"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "niah"  # the tables read a length's summed word-overlap scores over depths
+    # samples/niah.jsonl fields; lceg: the default scorer's per-sample score
+    records = {"length": "length", "score": ("score", "lceg", "correct")}
+    floor = {"threshold": 0.5, "chance": 0.0, "ceiling": 0.9167}  # LCEG word overlap: a perfect answer scores 11/12
 
     @property
     def by_length(self) -> bool:

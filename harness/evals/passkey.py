@@ -115,6 +115,8 @@ class Passkey:
     metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "proportion"  # the tables read a length's accuracy as a proportion over prompts (Wilson)
     by_length = True  # prompts seeded per length: one shard per length is exact
+    records = {"length": "length", "score": ("correct", "score")}  # samples/passkey.jsonl fields
+    floor = {"threshold": 0.5, "chance": 0.0, "ceiling": 1.0}  # the tables' floor rule, accuracy 0..1
 
     def count_prompts(self, lengths, limit):
         """{length: prompts} and its basis."""

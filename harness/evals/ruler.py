@@ -30,8 +30,17 @@ import time
 from dataclasses import dataclass, field
 
 from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
-from harness.evals._ruler_data import ALL_TASKS, METRIC, METRICS, DoesNotFit, RulerGenerator, postprocess_pred
+from harness.evals._ruler_data import (
+    ALL_TASKS,
+    METRIC,
+    METRICS,
+    TASKS,
+    DoesNotFit,
+    RulerGenerator,
+    postprocess_pred,
+)
 from harness.evals.common import PrefixCache, reuse_order
+from harness.evals.templates import RULER_TASKS
 from harness.stats import bounded_interval
 
 
@@ -42,9 +51,22 @@ class Ruler:
     metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
     reader = "ruler"  # the tables read a length's mean over tasks with its interval (0..100)
     by_length = True  # samples seeded per task and length: one shard per length is exact
+    records = {"length": "length", "task": "task", "score": ("score", "correct")}  # samples/ruler.jsonl fields
+    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)
+
+    def gen_tokens_per_prompt(self) -> tuple[float, str]:
+        """The plan's decode budget per prompt: the mean over the tasks of RULER's ``tokens_to_generate`` (or its
+        override), capped by ``max_new_tokens``."""
+        a = self.args
+        cap = int(a.max_new_tokens or 0)
+        over = dict(a.tokens_to_generate or {})
+        per = [int(over.get(t, over.get(TASKS[t][0], RULER_TASKS[TASKS[t][0]]["tokens_to_generate"])))
+               for t in a.tasks]
+        per = [min(cap, n) if cap > 0 else n for n in per]
+        return (sum(per) / len(per) if per else 0), "mean of RULER's per-task tokens_to_generate"
 
     @dataclass
     class Args(EvalArgs):

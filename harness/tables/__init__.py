@@ -43,8 +43,9 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
              f"{len(rows)} rows read: {sum(r.get('status') == 'ok' for r in rows)} ok, {len(rs.failed)} failed, "
              f"{len(rs.running)} unfinished, {len(rs.stale)} stale (killed); {len(rs.entries)} configurations.", "",
              "Every number of ours carries its sample size and a 95% interval (Wilson for accuracies and bounded "
-             "scores, Student t over documents for perplexity); `n.m.` = not measurable at this scale (thresholds: "
-             "`harness/tables/spec.yaml`, `measurable`). The findings: [../findings.md](../findings.md).", ""]
+             "scores, Student t over documents for perplexity); `n.m.` = not measurable at this scale "
+             "(thresholds: each evaluator's `floor`, `harness/evals/<name>.py`). The findings: "
+             "[../findings.md](../findings.md).", ""]
     # tables and figures of an earlier build that this one did not write (a model without rows any more, a figure
     # now at the floor): removed, so that the directory never shows numbers the rows no longer support
     for old in list(tables_dir.glob("*.md")) + list(tables_dir.glob("*.tex")):

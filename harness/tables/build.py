@@ -114,21 +114,23 @@ def columns_for(paper_cols: list[str], paper_c: int, extra_factors) -> list[tupl
     return sorted(cols.items(), key=lambda kv: kv[1])
 
 
-def ci_for(rs: RowSet, pick, names_extra: list[str], evaluator: str, where: dict, group_by: str | None,
+def ci_for(rs: RowSet, pick, names_extra: list[str], source: str, where: dict, group_by: str | None,
            reported: float | None):
+    """The bootstrap interval of ``reported`` from the picked row's per-sample records, read by the fields the
+    source's evaluator declares (``records``; ``where`` and ``group_by`` name its keys: ``length``, ``task``)."""
     if pick.row is None or reported is None:
         return None
-    sspec = (rs.spec.get("samples") or {}).get(evaluator)
-    if not sspec:
+    rec = est.records(rs, source)
+    if not rec:
         return None
     names = [pick.entry_key] + names_extra
-    w = {sspec[k]: v for k, v in where.items() if sspec.get(k)}
+    w = {rec[k]: v for k, v in where.items() if rec.get(k)}
     if len(w) != len(where):
         return None
-    gb = sspec.get(group_by) if group_by else None
+    gb = rec.get(group_by) if group_by else None
     if group_by and not gb:
         return None
-    return samples.interval_for(pick.row, names, sspec["score"], w, gb, reported)
+    return samples.interval_for(pick.row, names, list(rec["score"]), w, gb, reported)
 
 
 # -- Table 2 / 5: perplexity by length ---------------------------------------------------------------------------
@@ -312,8 +314,7 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                         p = rs.pick(e, src, lambda m, r, sd=sd: _mean_series(m, sd["metric"], sd.get("scale", 1)))
                         if p.value is not None:
                             c.ours = num(p.value)
-                            ev = sd.get("evaluator", src)
-                            c.ci = ci_for(rs, p, [ev], ev, {}, "length", c.ours)
+                            c.ci = ci_for(rs, p, [sd.get("evaluator", src)], src, {}, "length", c.ours)
                     if c.ours is not None and c.ci is None and not c.no_ci:
                         c.no_ci = "no per-sample scores for this evaluator"
                 cells.append(c)

@@ -13,7 +13,7 @@ are read as far as they allow and say what is missing:
   keep no per-document NLL: no interval, and the reason is given.
 - NLL by position: ``per_doc`` bucket means (paired) and the evaluator's band ``ci_lo`` / ``ci_hi``.
 
-``floor()`` decides whether an evaluator is measurable for a model at all (``spec.yaml: measurable``).
+``floor()`` decides whether an evaluator is measurable for a model at all (the evaluator's ``floor``).
 """
 from __future__ import annotations
 
@@ -192,6 +192,12 @@ def metric(rs: RowSet, source: str) -> str:
     return evaluator(rs, source).metric
 
 
+def records(rs: RowSet, source: str) -> dict | None:
+    """The fields of the per-sample records the source's evaluator declares (``records``: ``length``, ``task``,
+    ``score``); None when it declares none."""
+    return getattr(evaluator(rs, source), "records", None)
+
+
 def at(rs: RowSet, e: Entry, source: str, factor: float, reader_fn=None) -> Est | None:
     """The newest row of ``e`` with a value for ``source`` at length factor x C, as an ``Est``."""
     fn = reader_fn or reader(rs, source)
@@ -217,22 +223,17 @@ def at(rs: RowSet, e: Entry, source: str, factor: float, reader_fn=None) -> Est 
     return x
 
 
-JSONL = {"passkey": ("passkey", None), "niah": ("niah", None), "ruler": ("ruler", "task")}
-
-
 def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
     """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
-    records (``samples/<entry>.jsonl``, ``harness.tables.samples``), when they reproduce the row's number."""
+    records (``samples/<entry or evaluator>.jsonl``, ``harness.tables.samples``) read by the fields the evaluator
+    declares (``records``; a mean over tasks grouped by its ``task``), when they reproduce the row's number."""
     from harness.tables import samples
 
-    if source not in JSONL or not x.keys:
+    rec = records(rs, source)
+    if not rec or "length" not in rec or not x.keys:
         return
-    ev, group = JSONL[source]
-    sspec = (rs.spec.get("samples") or {}).get(ev)
-    if not sspec:
-        return
-    ci = samples.interval_for(p.row, [p.entry_key, ev], sspec["score"], {sspec["length"]: x.keys[0]},
-                              sspec.get(group) if group else None, x.value)
+    ci = samples.interval_for(p.row, [p.entry_key, evaluator(rs, source).registered_name], list(rec["score"]),
+                              {rec["length"]: x.keys[0]}, rec.get("task"), x.value)
     if ci is not None:
         x.lo, x.hi, x.note = ci[0], ci[1], ""
 
@@ -264,9 +265,10 @@ class Floor:
 
 
 def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor:
-    """Is ``source`` (passkey | niah | ruler; ``task``: one RULER task) measurable for ``model``? The rule:
-    ``spec.yaml: measurable`` (the base at C below the threshold, or every method at chance / at the ceiling)."""
-    rule = (rs.spec.get("measurable") or {}).get(source)
+    """Is ``source`` (passkey | niah | ruler | ...; ``task``: one RULER task) measurable for ``model``? The rule is
+    the source's evaluator's ``floor`` (the base at C below the threshold, or every method at chance / at the
+    ceiling); always measurable when it declares none."""
+    rule = getattr(evaluator(rs, source), "floor", None)
     if not rule:
         return Floor()
     thr, chance, ceil = rule.get("threshold"), rule.get("chance"), rule.get("ceiling")

@@ -21,7 +21,7 @@ Three rules hold in every figure, so that a reader can trust what the eye picks 
   the members of one panel never share a colour). A configuration looks the same in every panel and figure, and no
   colour + marker stands for two configurations. Heatmaps use viridis (no red-green contrast).
 - Nothing the tables print as ``n.m.`` is drawn: every figure and panel asks ``estimates.floor``, the rule behind
-  each ``n.m.`` (``spec.yaml: measurable``).
+  each ``n.m.`` (the evaluator's ``floor``, harness.evals).
 - Point labels are placed by adjustText, inside the axes and clear of each other, with a leader line when moved.
 
 What is left out (a figure or panel not measurable, a configuration at 0) is listed by ``build_figures`` in the
@@ -432,12 +432,14 @@ def manyshot_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: 
     styles = method_styles(rs, paper)
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
     banded = False
+    ev = est.evaluator(rs, "manyshot")  # its per-sample records: the file's name and the fields (``records``)
+    rec = getattr(ev, "records", None)
     for e, pts, row in lines:
         st = _style(styles, e)
         ln = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=st["marker"], color=st["color"],
                      label=e.label, ls="-" if family(rs, e)[0] == "exact" else "--")[0]
-        ci = [samples.interval_for(row, ["manyshot_trec"], ["correct", "score"], {"shots": x}, None, y)
-              for x, y in pts]
+        ci = [samples.interval_for(row, [ev.registered_name], list(rec["score"]), {rec["length"]: x}, None, y)
+              for x, y in pts] if rec else [None]
         if all(c is not None for c in ci):
             ax.fill_between([x for x, _ in pts], [c[0] for c in ci], [c[1] for c in ci], color=ln.get_color(),
                             alpha=0.15, lw=0)

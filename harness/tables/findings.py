@@ -913,8 +913,8 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     for src, name in (("niah", "NIAH"), ("ruler", "RULER"), ("passkey", "passkey")):
         fl = est.floor(rs, model, src)
         if not fl.measurable:
-            nt.append(f"- {name}: not measurable at this scale: {fl.reason} (threshold in `harness/tables/spec.yaml`"
-                      ", `measurable`). Findings that the paper shows on it are tested on "
+            nt.append(f"- {name}: not measurable at this scale: {fl.reason} (threshold: the evaluator's `floor`, "
+                      "`harness/evals/<name>.py`). Findings that the paper shows on it are tested on "
                       + ("passkey instead (Needle)." if src == "niah" and ev.needle_source == "passkey" else
                          "other metrics or not at all."))
     have = {k for e in ev.entries for r in e.rows for k in (r.get("metrics") or {})}

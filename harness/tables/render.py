@@ -134,8 +134,8 @@ def derived_notes(t: Table) -> list[str]:
             "for perplexity (the mean NLL, exponentiated; 95%).")
     nms = list(dict.fromkeys(c.nm for c in cells if c.nm))
     if nms:
-        out.append(f"{NM} = not measurable at this scale (the threshold and the base's score: "
-                   "harness/tables/spec.yaml, measurable): " + "; ".join(nms) + ".")
+        out.append(f"{NM} = not measurable at this scale (the threshold and the base's score; the "
+                   "threshold is the evaluator's `floor`, harness/evals/<name>.py): " + "; ".join(nms) + ".")
     nocis = list(dict.fromkeys(c.no_ci for c in cells if c.no_ci and c.ours is not None and c.ci is None
                                and c.nm is None))
     if nocis:

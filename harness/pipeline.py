@@ -4,6 +4,8 @@ evaluation suite is built once per run (``Suite``) and passed from stage to stag
 ``harness.lifecycle``'s."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ def native_ctx(cfg) -> int:
 class Suite:
     """An evaluation suite built once: its entries (``{key: resolved node}``, in order) and their evaluators. The
     stages share it: ``setup`` checks it, ``load_and_extend`` sizes the model's placement by it, ``evaluate`` runs it
-    (a shard builds its own one-entry suite)."""
+    (a shard runs a one-entry view of it, ``only``)."""
 
     nodes: dict
     evaluators: list
@@ -50,6 +52,16 @@ class Suite:
     def of(cls, cfg) -> Suite:
         """The config's ``eval.suite``."""
         return cls.build(OmegaConf.to_container(cfg.eval.suite, resolve=True))
+
+    def only(self, entry: str, **changes) -> Suite:
+        """A one-entry view of this suite: ``entry``'s node and evaluator with the settings ``changes`` (e.g.
+        ``lengths=[L]``), without building again. An evaluator keeps its settings in ``args`` (the registry builds
+        ``cls(args)``), so the view's evaluator is a shallow copy of the built one with ``args`` replaced; the
+        suite's own evaluator is left as it was."""
+        i = list(self.nodes).index(entry)
+        ev = copy.copy(self.evaluators[i])
+        ev.args = dataclasses.replace(ev.args, **changes)
+        return Suite({entry: {**self.nodes[entry], **changes}}, [ev])
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,13 @@ def validate(cfg, data: bool = True):
     return s.method, s.train
 
 
-def setup(cfg, data: bool = True) -> Setup:
+def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     """Check every group before anything loads: the method against the model's native window C and the train
     recipe, the recipe itself and its token budget against what the data is for (``harness.data.check_budget``), the
     attention backend, the evaluation autocast, and every evaluator (lengths, settings and, with ``data``, that its
     local data and the method's files can be read). Each impossible value is one ConfigError line naming the key and
-    the valid range."""
+    the valid range. ``suite``: the config's ``eval.suite`` when the caller already built it (``harness.shards``:
+    checked here, not built again)."""
     c = native_ctx(cfg)
     check_seed(cfg.get("seed", 0), "seed")
     check_model_files(cfg.model)
@@ -96,8 +109,12 @@ def setup(cfg, data: bool = True) -> Setup:
     if ckpt.exists() and not ckpt.is_dir():
         raise ConfigError(f"paths.ckpt_dir: {ckpt} is a file, not a directory (valid: a directory, created if missing)")
     check_lengths(list(cfg.eval.get("lengths") or []), c, "eval.lengths")
-    nodes = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
-    return Setup(method, train, Suite(dict(nodes), check_suite(nodes, c, data=data)))
+    if suite is None:
+        nodes = dict(OmegaConf.to_container(cfg.eval.suite, resolve=True) or {})
+        suite = Suite(nodes, check_suite(nodes, c, data=data))
+    else:
+        check_suite(suite.nodes, c, data=data, evaluators=suite.evaluators)
+    return Setup(method, train, suite)
 
 
 def check_seed(value, key: str) -> None:

@@ -206,35 +206,38 @@ def _load(cfg, rdir: Path, setup: pipeline.Setup | None = None):
     return pipeline.load_and_extend(cfg, setup.method, suite=setup.suite), setup.method
 
 
-def shard_suite(cfg, shard: Shard) -> dict:
-    """The one-entry suite a shard evaluates: the entry's node, its ``lengths`` replaced by ``[shard.length]``."""
-    node = OmegaConf.to_container(cfg.eval.suite[shard.entry], resolve=True)
+def shard_suite(suite: pipeline.Suite, shard: Shard) -> pipeline.Suite:
+    """The one-entry suite a shard evaluates, a view of the run's built ``suite`` (``Suite.only``): the entry with
+    its ``lengths`` replaced by ``[shard.length]``."""
+    node = suite.nodes[shard.entry]
+    changes: dict = {}
     if shard.length is not None:
         # ppl, yarn protocol: documents long enough for the largest length of the entry (longlora: no filter, LCEG)
         if node.get("min_tokens") == 0 and node.get("protocol", "yarn") == "yarn":
-            node["min_tokens"] = max(int(L) for L in node["lengths"])
-        node["lengths"] = [shard.length]
-    return {shard.entry: node}
+            changes["min_tokens"] = max(int(L) for L in node["lengths"])
+        changes["lengths"] = [shard.length]
+    return suite.only(shard.entry, **changes)
 
 
-def _evaluate(cfg, rdir: Path, shard: Shard, handle, method) -> tuple[dict, int]:
-    """The pipeline's evaluation stage on the shard's one-entry suite (per-sample records under the shard):
-    (output, evaluator version)."""
+def _evaluate(cfg, rdir: Path, shard: Shard, handle, method, suite: pipeline.Suite) -> tuple[dict, int]:
+    """The pipeline's evaluation stage on the shard's one-entry view of the run's ``suite`` (per-sample records
+    under the shard): (output, evaluator version)."""
     ((_, out, _, version),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name,
-                                                   pipeline.Suite.build(shard_suite(cfg, shard)))
+                                                   shard_suite(suite, shard))
     return out, version
 
 
 def run(cfg, log=print) -> dict:
     """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
-    fails (after recording it, so the row says which one and why). The suite is built once for the plan and the
-    merges, and once more, checked, with the run's other groups (``pipeline.setup``) for the shards it runs (the
-    evaluation shards after a fine-tune get a fresh method: the tuned one may have changed, e.g. LongRoPE's
-    recovered factors)."""
+    fails (after recording it, so the row says which one and why). The suite is built once per process: for the plan
+    and the merges, checked with the run's other groups (``pipeline.setup``) for the shards it runs, and viewed one
+    entry and length at a time by each evaluation shard (``shard_suite``). The evaluation shards after a fine-tune
+    get a fresh method: the tuned one may have changed, e.g. LongRoPE's recovered factors."""
     spec = str(cfg[SHARD_KEY])
     rdir = run_dir(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
-    shards = plan(cfg)
+    suite = pipeline.Suite.of(cfg)
+    shards = plan(cfg, suite)
     row = merge(cfg, rdir, shards)  # the row exists (status running) from the first job on
     if not (rdir / "run.json").exists():
         lifecycle.write_run_file(rdir, row)
@@ -248,14 +251,14 @@ def run(cfg, log=print) -> dict:
     for s in todo:
         t0 = time.time()
         try:
-            setup = setup or pipeline.setup(cfg)  # inside the try: a bad group is this shard's failure
+            setup = setup or pipeline.setup(cfg, suite=suite)  # inside the try: a bad group is this shard's failure
             if s.name == "train":
                 _train(cfg, rdir, log, setup)
                 setup = loaded = None
             else:
                 if loaded is None:
                     loaded = _load(cfg, rdir, setup)
-                out, version = _evaluate(cfg, rdir, s, *loaded)
+                out, version = _evaluate(cfg, rdir, s, *loaded, suite)
                 _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
                         method_params=loaded[1].params(), eval_version=version)
                 log(f"shard {s.name}: done in {time.time() - t0:.1f} s")

@@ -1,18 +1,28 @@
 """Learning curves of a fine-tuning recipe: one fine-tuning run, its EMA weights evaluated at chosen steps.
 
-    python scripts/recipe_curves.py method=pi train=tiny train.lr=1e-3 +curve.at=[16,64,256,512]
-    python scripts/recipe_curves.py method=yarn train=tiny train.schedule=cosine +curve.at=[512]
+    python scripts/recipe_curves.py method=pi train=tiny train.lr=1e-3 curve.at=[16,64,256,512]
+    python scripts/recipe_curves.py method=yarn train=tiny train.schedule=cosine curve.at=[512]
 
-Same config groups as ``run.py`` (Hydra); the run's own stages do the work (``pipeline.validate``,
-``load_and_extend``, the fine-tuning data and the single-process loop), with an ``on_step`` hook that evaluates the
-EMA weights with the ``curve.eval`` suite (default ``eval=curve``: PPL at C and 8C, passkey at C..8C) at the steps
-in ``curve.at``. With a constant schedule after warm-up, the curve at step N equals a run of N steps (the data order
-and the LR at each step do not depend on the total); with a decaying schedule only the last point is such a run.
-Fine-tuning runs to ``max(curve.at)`` steps. Writes ``results/curves/<method>-<tag>.json``.
+One Hydra composition (``conf/curve_config.yaml``: run.py's root config with ``eval=curve`` and a ``curve`` node):
+the same groups as ``run.py``, and the suite run at every point is the config's own ``eval`` (default ``curve``: PPL
+at C and 8C, passkey at C..8C; ``eval=quick`` for a smoke test), checked and built once by ``pipeline.setup``.
+The base model and the extended model at step 0 are evaluated too, then the EMA weights at the steps in
+``curve.at`` (an ``on_step`` hook of the single-process loop). With a constant schedule after warm-up, the curve at
+step N equals a run of N steps (the data order and the LR at each step do not depend on the total); with a decaying
+schedule only the last point is such a run. Fine-tuning runs to ``max(curve.at)`` steps.
+
+Table of contents, as ``run.py``: start the row (``harness.lifecycle``) -> check every group and build the suite
+once -> load the model, measure the base, apply the method -> fine-tune, measuring each point as it comes -> finish
+the row. Writes ``results/curves/<method>-<tag>.json`` (the points with their per-sample records,
+``scripts/recipe_report.py`` reads it) and one results row whose ``method`` column is ``<method>_curve`` (so the
+tables never take it for a row of the study's method) with ``metrics.curve`` (the points so far, without the
+per-sample records), ``train_info`` and ``timings["curve.<point>"]``. A failure anywhere finishes the row as
+``failed`` with a one-line error and exits non-zero; a killed curve's row says which points it reached.
 
 Resumable: the training state is checkpointed every ``gcd(curve.at)`` steps (``paths.ckpt_dir``); the same command
-after a kill resumes from the newest checkpoint and keeps the points already in the curve file when its method,
-training settings and steps are the same (an earlier, different curve under the same name is overwritten).
+after a kill resumes from the newest checkpoint (in a new row) and keeps the points already in the curve file when
+its method, training settings and steps are the same (an earlier, different curve under the same name is
+overwritten).
 
 Only methods whose training and inference modes are the same are supported (the RoPE family); a method with a
 ``train_mode`` (LongLoRA's LoRA, Landmark) is refused.
@@ -22,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -29,11 +40,12 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness import conf_utils, pipeline, results
+from harness import lifecycle, pipeline, results
 from harness.config import ConfigError
 from harness.data import build_data
 from harness.evals import EvalContext
 from harness.methods import Method
+from harness.train import Terminated
 from harness.train.loop import finetune
 
 
@@ -43,54 +55,85 @@ def _no_modes(method) -> bool:
         t.train_batch is Method.train_batch
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    curve = OmegaConf.to_container(cfg.get("curve") or {}, resolve=True)
-    at = sorted(int(s) for s in curve.get("at", [16, 64, 256, 512]))
-    suite_name = curve.get("eval", "curve")
-    tag = curve.get("tag") or f"lr{cfg.train.lr:g}-{cfg.train.schedule}-b{cfg.train.global_batch}-s{cfg.seed}"
-    out = Path(cfg.paths.results_dir) / "curves" / f"{cfg.method.name}-{tag}.json"
-    suite_cfg = conf_utils.compose([f"eval={suite_name}", f"model={cfg.model.name}"]).eval.suite
-    curve_suite = pipeline.Suite.build(OmegaConf.to_container(suite_cfg, resolve=True))  # built once, for every point
-    suite, evaluators = curve_suite.nodes, curve_suite.evaluators
+def curve_steps(value) -> list[int]:
+    """``curve.at``: the steps to evaluate, a non-empty list of integers >= 1 (returned sorted, without repeats)."""
+    steps = list(value) if isinstance(value, (list, tuple)) else None
+    if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
+        raise ConfigError(f"curve.at: {value!r} is not a list of steps (valid: integers >= 1, e.g. "
+                          f"curve.at=[16,64,256,512])")
+    return sorted(set(steps))
 
-    method, train = pipeline.validate(cfg)
+
+def row_names(cfg) -> dict:
+    """The row's group columns: the config's options, the method's as ``<method>_curve``."""
+    return {g: cfg[g].get("name") for g in results.GROUPS} | {"method": f"{cfg.method.name}_curve"}
+
+
+@hydra.main(config_path="../conf", config_name="curve_config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    lifecycle.raise_on_sigterm()  # kill / Slurm -> a failed row
+    try:
+        run = lifecycle.start(cfg, hydra.core.hydra_config.HydraConfig.get().runtime.output_dir, row_names(cfg))
+    except OSError as e:  # the results or the run directory refuses the row: no curve without a record
+        print(f"curve failed: {lifecycle.start_failed(cfg, e)}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        out = curve(cfg, run)
+        problem = run.finish()
+        if problem:
+            raise OSError(f"the finished row could not be written: {problem}")
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - every failure: a failed row
+        print(f"curve failed: {run.fail(e)}", file=sys.stderr)
+        sys.exit(1)
+    print(f"curve: {out}\nrow: {run.path}")
+
+
+def curve(cfg, run: lifecycle.Run) -> Path:
+    """Measure the curve, recording every point in the curve file and the row as it comes; returns the file."""
+    at = curve_steps(OmegaConf.to_container(cfg.curve.at, resolve=True))
+    tag = cfg.curve.tag or f"lr{cfg.train.lr:g}-{cfg.train.schedule}-b{cfg.train.global_batch}-s{cfg.seed}"
+    out = Path(cfg.paths.results_dir) / "curves" / f"{cfg.method.name}-{tag}.json"
+    s = pipeline.setup(cfg)  # every group checked, the suite built once for every point
+    method, train, suite = s.method, s.train, s.suite
     if not _no_modes(method):
         raise ConfigError(f"recipe_curves: method {method.name} trains differently than it evaluates; not supported")
     train.max_steps = max(at)
     train.tokens = max(train.tokens, max(at) * train.global_batch * train.seq_len)
     train.save_every = math.gcd(*at)  # a checkpoint at every curve point (after its evaluation), for resuming
     train.convergence_check = False  # the curve measures the base itself, with its own suite
-    run_dir = Path(cfg.paths.output_dir) / "curves" / out.stem
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(run.row["run_dir"])
     ctx = EvalContext(run_dir=run_dir, seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")))
     record = {"method": method.params(), "train": OmegaConf.to_container(cfg.train, resolve=True),
-              "model": cfg.model.name, "eval": suite_name, "suite": suite, "at": at, "points": {},
-              "git_sha": results.git_sha(), "started": results.now_iso()}
+              "model": cfg.model.name, "eval": cfg.eval.name, "suite": suite.nodes, "at": at, "points": {},
+              "git_sha": results.git_sha(), "started": results.now_iso(), "run_id": run.row["run_id"]}
     earlier = json.loads(out.read_text()) if out.exists() else None
     if earlier and not earlier.get("finished") and all(earlier.get(k) == record[k] for k in ("method", "train", "at")):
         record["points"] = {k: v for k, v in earlier["points"].items() if k not in ("base", "0")}
         record["started"] = earlier["started"]
+    run.record(method_params=method.params(),
+               eval_versions={k: pipeline.eval_version(ev) for k, ev in zip(suite.nodes, suite.evaluators)})
 
     def evaluate(label, handle, with_method=True):
         t0 = time.time()
         handle.model.eval()
         ctx.nll_cache = {}  # one point = one state of the weights: windows scored at another point are not reused
-        shutil.rmtree(run_dir / label, ignore_errors=True)  # a resumed curve re-scores this point: no stale samples
+        ctx.run_dir = run_dir / label  # per-sample records of this point only (paired comparisons)
+        shutil.rmtree(ctx.run_dir, ignore_errors=True)  # a resumed curve re-scores this point: no stale samples
         point = {}
-        for k, ev in zip(suite, evaluators):
-            ctx.run_dir = run_dir / label  # per-sample records of this point only (paired comparisons)
+        for k, ev in zip(suite.nodes, suite.evaluators):
             point[k] = ev.run(handle, method if with_method else None, ctx)
-        point["records"] = _records(run_dir / label, suite)
+        point["records"] = _records(ctx.run_dir, suite.nodes)
         point["eval_seconds"] = round(time.time() - t0, 1)
         record["points"][label] = point
         record["points"] = dict(sorted(record["points"].items(), key=lambda kv: -1 if kv[0] == "base" else int(kv[0])))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1))
-        print(f"[{label}] " + " ".join(f"{k}={_short(v)}" for k, v in point.items() if isinstance(v, dict)), flush=True)
+        results.atomic_write_json(out, record)
+        run.row["timings"][f"curve.{label}"] = point["eval_seconds"]
+        run.record(metrics={"curve": _row_curve(record, out)})
+        print(f"[{label}] " + " ".join(f"{k}={_short(point[k])}" for k in suite.nodes), flush=True)
 
     handle = pipeline.load_and_extend(cfg, method, train, before_extend=lambda h: evaluate("base", h, False),
-                                      suite=curve_suite)  # the model must fit the suite the curve runs
+                                      suite=suite)  # the model must fit the suite the curve runs
+    run.record(model_info=handle.facts())
     chunks = build_data(cfg.data, handle.tokenizer, train.seq_len, train.tokens)
     evaluate("0", handle)
 
@@ -110,12 +153,18 @@ def main(cfg: DictConfig) -> None:
     t0 = time.time()
     info = finetune(handle, method, chunks, train, Path(cfg.paths.ckpt_dir) / "curves" / out.stem,
                     results.config_hash(record["train"]) + "-curve", None, on_step)
-    losses = info["losses"]
-    record.update(losses=losses, train_seconds=round(time.time() - t0, 1), finished=results.now_iso(),
-                  resumed_from_step=info["resumed_from_step"],
-                  tokens_per_second=info["tokens_per_second"])
-    out.write_text(json.dumps(record, indent=1))
-    print(f"curve: {out}")
+    record.update(losses=info["losses"], train_seconds=round(time.time() - t0, 1), finished=results.now_iso(),
+                  resumed_from_step=info["resumed_from_step"], tokens_per_second=info["tokens_per_second"])
+    results.atomic_write_json(out, record)
+    run.record(train_info=info)
+    return out
+
+
+def _row_curve(record: dict, out: Path) -> dict:
+    """The row's ``metrics.curve``: the curve file, its steps and every point so far without its per-sample
+    records (those stay in the file)."""
+    return {"file": str(out), "at": record["at"],
+            "points": {k: {e: v for e, v in p.items() if e != "records"} for k, p in record["points"].items()}}
 
 
 def _records(d: Path, suite: dict) -> dict:
@@ -146,4 +195,4 @@ def _short(metrics: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    lifecycle.run_guarded(main, sys.argv[1:])  # failures outside the run's try: one line + a failed row

@@ -1,6 +1,8 @@
 """scripts/recipe_curves.py: every curve point is measured on the weights of that point (regression: the PPL
 windows cached at the base point were returned at every later point, so a curve showed the base's PPL throughout),
-and a killed curve resumes from its last checkpoint, keeping the points it had written."""
+a killed curve resumes from its last checkpoint, keeping the points it had written, and a curve is a run of the
+lifecycle: one results row (``ok`` with its points and train_info, or ``failed`` with one line) that the tables
+never take for a row of the study's method."""
 from __future__ import annotations
 
 import json
@@ -10,18 +12,28 @@ import sys
 
 import pytest
 
+from harness.tables.rows import RowSet, load_spec
 from tests.conftest import ROOT
 
 
-def _curve(tmp_path):
+def _run(tmp_path, *overrides):
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), "method=pi", "train=tiny",
-                        "train.tokens=8192", "train.lr=1e-3", "train.warmup_steps=1", "+curve.at=[1,2]",
-                        "+curve.eval=quick", "+curve.tag=t", "train.keep_checkpoints=true"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), "method=pi", "train=tiny",
+                           "train.tokens=8192", "train.lr=1e-3", "train.warmup_steps=1", "curve.at=[1,2]",
+                           "eval=quick", "curve.tag=t", "train.keep_checkpoints=true", *overrides],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+def _curve(tmp_path):
+    r = _run(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp_path / "res" / "curves" / "pi-t.json"
+
+
+def _rows(tmp_path) -> list[dict]:
+    return sorted((json.loads(p.read_text()) for p in (tmp_path / "res" / "runs").glob("*.json")),
+                  key=lambda r: r["time_start"])
 
 
 def test_each_curve_point_scores_its_own_weights_and_a_killed_curve_resumes(tmp_path):
@@ -29,6 +41,16 @@ def test_each_curve_point_scores_its_own_weights_and_a_killed_curve_resumes(tmp_
     first = json.loads(out.read_text())
     points = first["points"]
     assert list(points) == ["base", "0", "1", "2"] and first["resumed_from_step"] is None
+    (row,) = _rows(tmp_path)  # the curve's one row: finished, with what the curve file says
+    assert row["status"] == "ok" and row["run_id"] == first["run_id"]
+    assert (row["method"], row["eval"]) == ("pi_curve", "quick")
+    assert list(row["metrics"]["curve"]["points"]) == ["base", "0", "1", "2"]
+    assert row["metrics"]["curve"]["points"]["2"]["ppl_books"] == points["2"]["ppl_books"]
+    assert row["train_info"]["steps"] == 2 and row["train_info"]["losses"] == first["losses"]
+    study = {**{k: row[k] for k in ("model", "data", "train")}, "status": "ok", "method": "pi", "eval": "tiny",
+             "run_id": "study", "metrics": {}, "config": {}}
+    entries = RowSet([study, row], load_spec()).entries  # the study's pi entry holds the study's row only
+    assert [r["run_id"] for e in entries if e.method == "pi" for r in e.rows] == ["study"]
     ppl = {k: p["ppl_books"]["ppl"] for k, p in points.items()}
     nll = {k: p["records"]["ppl_books"] for k, p in points.items()}
     for L in ppl["base"]:  # PI (x8) applied changes every PPL; two steps at lr 1e-3 change it again
@@ -44,5 +66,17 @@ def test_each_curve_point_scores_its_own_weights_and_a_killed_curve_resumes(tmp_
     again = json.loads(_curve(tmp_path).read_text())
     assert again["resumed_from_step"] == 1 and list(again["points"]) == ["base", "0", "1", "2"]
     assert again["points"]["1"].get("marker") == "kept from the killed run"
+    resumed = _rows(tmp_path)[-1]  # a new row, saying where it resumed and holding the points kept
+    assert resumed["status"] == "ok" and resumed["train_info"]["resumed_from_step"] == 1
+    assert resumed["metrics"]["curve"]["points"]["1"]["marker"] == "kept from the killed run"
     for L, v in again["points"]["2"]["records"]["ppl_books"].items():  # the resumed step 2 = the uninterrupted one
         assert v == pytest.approx(nll["2"][L], rel=1e-5, abs=1e-5)
+
+
+def test_a_bad_curve_setting_is_one_line_and_a_failed_row(tmp_path):
+    r = _run(tmp_path, "curve.at=[0,2]")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["curve failed: curve.at: [0, 2] is not a list of steps (valid: integers "
+                                             ">= 1, e.g. curve.at=[16,64,256,512])"]
+    (row,) = _rows(tmp_path)
+    assert (row["status"], row["method"]) == ("failed", "pi_curve") and row["error"].startswith("curve.at: [0, 2]")

@@ -90,6 +90,45 @@ def test_merge_rebuilds_row_from_shard_files(results_env):
     assert len(rows) == 1
 
 
+def test_a_shard_evaluates_a_view_of_the_built_suite(results_env):
+    """A shard's one-entry suite is derived from the run's built suite (no second build): the entry's evaluator with
+    its lengths restricted to the shard's, ppl's yarn filter pinned to the entry's largest length; the run's suite
+    is left as it was."""
+    from harness.pipeline import Suite
+    from harness.sweeps import compose
+
+    suite = Suite.of(compose(["model=tiny_llama", "model.native_ctx=64", "train=none", "eval=quick"]))
+    ppl = shards.shard_suite(suite, shards.Shard("ppl_books@128", "ppl_books", 128))
+    (ev,) = ppl.evaluators
+    assert type(ev) is type(suite.evaluators[0]) and ev is not suite.evaluators[0]
+    assert (ev.args.lengths, ev.args.min_tokens, ev.args.samples) == ([128], 256, suite.evaluators[0].args.samples)
+    assert ppl.nodes == {"ppl_books": {**suite.nodes["ppl_books"], "lengths": [128], "min_tokens": 256}}
+    (pk,) = shards.shard_suite(suite, shards.Shard("passkey@64", "passkey", 64)).evaluators
+    assert pk.args.lengths == [64] and pk.args.depth_bins == suite.evaluators[1].args.depth_bins
+    assert [e.args.lengths for e in suite.evaluators] == [[64, 128, 256]] * 2
+    assert suite.evaluators[0].args.min_tokens == 0
+
+
+def test_a_sharded_job_builds_its_suite_once(results_env, monkeypatch):
+    """One job running 3 shards builds each suite entry's evaluator once (a spy around the registry's builder),
+    not once for the plan, once for the checks and once per shard."""
+    from harness.evals import EVALS
+    from harness.sweeps import compose
+
+    built, build = [], EVALS.build
+
+    def spy(node, where, *args, **kwargs):
+        built.append(where)
+        return build(node, where, *args, **kwargs)
+
+    model_dir = save_small_model(results_env / "model")
+    cfg = compose([*overrides(model_dir), "eval.suite.passkey.lengths=[128]", "+shard=all"])
+    monkeypatch.setattr(EVALS, "build", spy)
+    row = shards.run(cfg, log=lambda m: None)
+    assert row["status"] == "ok" and list(row["shards"]) == ["ppl_books@128", "ppl_books@256", "passkey@128"]
+    assert built == ["eval.suite.ppl_books", "eval.suite.passkey"]
+
+
 def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):
     model_dir = save_small_model(tmp_path / "model")
     env = env_for(tmp_path)

@@ -220,11 +220,12 @@ def max_length(ev) -> int:
     return max([int(x) for x in ev.args.lengths] or [0])
 
 
-def check_suite(suite_cfg, native_ctx: int, data: bool = True) -> list:
-    """Build the suite and check every evaluator against the model's native window (and, with ``data``, that its
-    local data can be read) before anything loads. Returns the evaluators."""
+def check_suite(suite_cfg, native_ctx: int, data: bool = True, evaluators: list | None = None) -> list:
+    """Build the suite (unless ``evaluators``, already built from ``suite_cfg``, are given) and check every evaluator
+    against the model's native window (and, with ``data``, that its local data can be read) before anything loads.
+    Returns the evaluators."""
     suite = dict(suite_cfg or {})
-    evaluators = build_evaluators(suite)
+    evaluators = build_evaluators(suite) if evaluators is None else evaluators
     for key, ev in zip(suite, evaluators):
         where = f"eval.suite.{key}"
         check_lengths(ev.args.lengths, native_ctx, f"{where}.lengths")

@@ -209,6 +209,10 @@ def test_method_keys_and_labels(study):
             "abf"} <= keys
     assert "clex" not in keys and "landmark" not in keys                  # failed / running rows ignored
     assert method_key({"method": "ntk_dynamic", "train": "x", "method_params": {"variant": "ntk_64k"}}) == "ntk_64k"
+    # a learning curve's row names itself <method>_curve: never the method's study entry, even with a facts key
+    curve = {"method": "ntk_dynamic_curve", "config": {"method": {"name": "ntk_dynamic", "facts": {"key": "ntk_32k"}}}}
+    assert method_key(curve) == "ntk_dynamic_curve"
+    assert method_key({**curve, "method": "ntk_dynamic"}) == "ntk_32k"
     assert len(rs.failed) == 1 and len(rs.running) == 1
     assert kfmt(2048) == "2k" and kfmt(512) == "0.5k" and kfmt(65536) == "64k"
 

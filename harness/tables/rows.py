@@ -120,9 +120,13 @@ def is_frozen(row: dict) -> bool:
 def method_key(row: dict) -> str:
     """Canonical method key: the variant its sweep point declares (``harness.methods.row_key``: NTK-64K on 2x the
     tokens is ntk_64k_2b), else the row's method name, with the Dynamic NTK class (``ntk_dynamic``, formerly ``ntk``)
-    split by how it was trained into the paper's ntk_frozen / ntk_32k / ntk_64k."""
+    split by how it was trained into the paper's ntk_frozen / ntk_32k / ntk_64k. A row whose method column is not its
+    config's method (a learning curve's ``<method>_curve``, a factor search's ``<method>_search``) keeps that name, so
+    it never joins the method's study entry, whatever the method's facts declare."""
     m = row.get("method") or "?"
     mp = row.get("method_params") or {}
+    if m != (((row.get("config") or {}).get("method") or {}).get("name") or m):
+        return m  # an entry point named the row itself (``lifecycle.start(names=)``: pi_curve, longrope_search)
     key = row_key(row)
     if key != m:
         return key

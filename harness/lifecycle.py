@@ -137,6 +137,16 @@ def start(cfg, run_dir: str | Path | None = None, names: dict | None = None) -> 
     return run
 
 
+def start_or_exit(cfg, run_dir: str | Path | None, names: dict | None, what: str) -> Run:
+    """``start`` for an entry point other than ``run.py`` (the factor search, the learning curves): when the row or
+    the run directory cannot be written, print ``<what> failed: <line>`` and exit 1 (no run without a record)."""
+    try:
+        return start(cfg, run_dir, names)
+    except OSError as e:
+        print(f"{what} failed: {start_failed(cfg, e)}", file=sys.stderr)
+        sys.exit(1)
+
+
 def write_run_file(run_dir: str | Path, row: dict) -> None:
     """``<run_dir>/run.json``: the run id, command, commit and resolved config (a requeued job finds its id there)."""
     results.atomic_write_json(Path(run_dir) / "run.json", {"run_id": row["run_id"], "command": row["command"],

@@ -72,11 +72,8 @@ def row_names(cfg) -> dict:
 @hydra.main(config_path="../conf", config_name="curve_config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     lifecycle.raise_on_sigterm()  # kill / Slurm -> a failed row
-    try:
-        run = lifecycle.start(cfg, hydra.core.hydra_config.HydraConfig.get().runtime.output_dir, row_names(cfg))
-    except OSError as e:  # the results or the run directory refuses the row: no curve without a record
-        print(f"curve failed: {lifecycle.start_failed(cfg, e)}", file=sys.stderr)
-        sys.exit(1)
+    run = lifecycle.start_or_exit(cfg, hydra.core.hydra_config.HydraConfig.get().runtime.output_dir, row_names(cfg),
+                                  "curve")
     try:
         out = curve(cfg, run)
         problem = run.finish()

@@ -154,11 +154,7 @@ def main(cfg: DictConfig) -> None:
     a = to_args(SearchArgs, cfg.search, f"search={cfg.search.get('name')}")
     names = {"model": cfg.model.name, "method": f"{a.algorithm}_search", "data": a.dataset, "train": None,
              "eval": "search"}
-    try:
-        run = lifecycle.start(cfg, run_dir, names)
-    except OSError as e:  # the results or the run directory refuses the row: no search without a record
-        print(f"search failed: {lifecycle.start_failed(cfg, e)}", file=sys.stderr)
-        sys.exit(1)
+    run = lifecycle.start_or_exit(cfg, run_dir, names, "search")  # no search without a record
     row, run_id = run.row, run.row["run_id"]
     out = Path(cfg.out) if cfg.out else default_out(cfg)
     state = Path(cfg.paths.output_dir) / "search_state" / (out.stem + ".state.json")

@@ -18,7 +18,9 @@ the recipe, the suite, the seed. Failed or stale rows never count as done, nor d
 convergence gate is older than ``harness.evals.convergence.GATE_VERSION`` (the gate is no part of the config, so
 its hash stays the same when only the gate changes): `make study` re-runs exactly those points; the older rows stay
 in ``results/runs`` until moved to ``results/archive/`` (its README). Each point runs in its own process
-(``python run.py <overrides>``); a failed point is reported and the sweep goes on. Progress, the elapsed time and an
+(``python run.py <overrides>``); a failed point is reported and the sweep goes on. A job that does not compose
+(a key a point's config lacks, an unknown option) stops the study before anything runs, with ``run.py -m``'s one line
+and failed row (``harness.precheck.refuse``). Progress, the elapsed time and an
 estimate of the time left are printed after every point, the total wall time at the end.
 """
 from __future__ import annotations
@@ -52,15 +54,21 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
     gate, or None), label}] for every job of ``run.py -m <argv>``, and the results dir."""
     from omegaconf import OmegaConf
 
-    from harness import conf_utils, sweeps
+    from harness import conf_utils, precheck, sweeps
     from harness.evals.convergence import outdated
     from harness.results import config_hash, read_rows
 
-    jobs = sweeps.expand(argv)
+    try:
+        jobs = sweeps.expand(argv)
+    except Exception as e:  # noqa: BLE001 - a malformed override: one line, a failed row, exit 2
+        precheck.refuse(e, argv)
     results_dir = None
     out = []
     for ov in jobs:
-        cfg = conf_utils.compose(ov)
+        try:
+            cfg = conf_utils.compose(ov)
+        except Exception as e:  # noqa: BLE001 - as `run.py -m`: one line naming the job, a failed row, exit 2
+            precheck.refuse(sweeps.SweepJobError(ov, e), argv)
         results_dir = results_dir or str(cfg.paths.results_dir)
         h = config_hash(OmegaConf.to_container(cfg, resolve=True))
         label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)

@@ -96,3 +96,19 @@ def test_study_starts_longest_first_and_estimates_wall_from_recorded_rows(tmp_pa
     assert st.expected_wall([300, 720, 3000], 1) == 4020
     assert st.point_of(["experiment=tiny_study", "point=tiny_study/pi"]) == "tiny_study/pi"
     assert st.point_of("run.py method=base") is None
+
+
+def test_study_refuses_a_job_that_does_not_compose_before_running_any(tmp_path):
+    """A key one point's config lacks (``train.seed`` on the frozen base): one line naming the job and the valid keys,
+    a failed row, exit 2, and no point run (as ``run.py -m``)."""
+    env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"))
+    over = ["experiment=tiny_study", "point=tiny_study/pi,tiny_study/base", "train.seed=1"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--no-report"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines[0].startswith("config error in sweep job [point=tiny_study/base") and "train.seed" in lines[0]
+    assert "== [" not in r.stdout  # nothing launched
+    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
+    assert [x["status"] for x in rows] == ["failed"]

@@ -17,7 +17,9 @@ member pair as a part of its own, so a mean cannot hide a member that goes the o
   part's own interval, ``stats.p_value``), and is inconclusive otherwise;
 - where fine-tuned configurations have rows of several training seeds, every finding is decided once per seed
   (``RowSet.reseeded``: the other seed's rows wherever an entry has them) and keeps its verdict only when every seed
-  gives the same one; otherwise it is ``inconclusive`` ("depends on the training seed"), ``seeded``;
+  gives the same one; otherwise it is ``inconclusive`` ("depends on the training seed"), ``seeded``. Holm's
+  correction runs over each seed's own parts: a verdict can only be lost across seeds, never gained, so the reported
+  Holm verdicts keep the shown seed's family-wise 5% (a wrong call in the report is a wrong call in that family);
 - every finding is decided a second time with the rows that failed the convergence gate put back
   (``sensitivity``): a line beside the verdict, never the verdict.
 
@@ -864,7 +866,9 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            "and NLL over 8 documents, the Student t interval of the mean per-document difference (exponentiated for "
            "a PPL ratio), chosen by the coverage simulation in `tests/test_stats.py` (the percentile bootstrap "
            "undercovers at n = 8). *fragile*: the BCa bootstrap interval falls on another side of the margin than "
-           "the t interval. A verdict that differs between training seeds is inconclusive. *with gate-failed rows*: "
+           "the t interval. A verdict that differs between training seeds is inconclusive (Holm's correction runs "
+           "over each seed's parts; agreement across seeds can only remove a verdict, so the family-wise 5% of one "
+           "seed holds for the report). *with gate-failed rows*: "
            f"the verdict with the {n_gated} rows that failed the convergence gate put back (a sensitivity line, "
            "never the verdict).",
            ""]

@@ -55,23 +55,24 @@ def is_config_error(e: BaseException) -> bool:
     return isinstance(e, (HydraException, OmegaConfBaseException, ConfigError))
 
 
-def config_refusal(argv: list[str]):
+def config_refusal(argv: list[str], config_name: str = "config"):
     """``run_guarded``'s handler for a single run: ``refuse`` a config error of this command line; anything else
-    (returns) is left to the guard."""
+    (returns) is left to the guard. ``config_name``: the entry point's root config (the learning curves:
+    ``curve_config``), whose keys the line lists."""
     def handler(e: BaseException) -> None:
         if is_config_error(e):
-            refuse(e, plain_overrides(argv))
+            refuse(e, plain_overrides(argv), config_name)
     return handler
 
 
-def refuse(e: BaseException, overrides: list[str]) -> None:
+def refuse(e: BaseException, overrides: list[str], config_name: str = "config") -> None:
     """A command line that does not compose, resolve or validate: print one line naming the problem (``explain``),
     leave a failed row in the results directory it names, exit 2."""
     import sys
 
     from harness.lifecycle import fail_before_compose
 
-    line = explain(e, overrides)
+    line = explain(e, overrides, config_name)
     problem = fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
     print(line + (f" [{problem}]" if problem else ""), file=sys.stderr)
     sys.exit(2)
@@ -146,12 +147,12 @@ def _precheck_sweep(overrides: list[str]) -> None:
             raise SweepJobError(job, e) from None
 
 
-def explain(e: BaseException, overrides: list[str]) -> str:
+def explain(e: BaseException, overrides: list[str], config_name: str = "config") -> str:
     """One line for a composition or validation error, naming the override / key / file and the valid choices."""
     from harness.sweeps import SweepJobError
 
     if isinstance(e, SweepJobError):
-        why = explain(e.error, e.job).removeprefix("config error: ")
+        why = explain(e.error, e.job, config_name).removeprefix("config error: ")
         return f"config error in sweep job [{' '.join(e.job)}]: {why}"
     from harness.config import ConfigError
 
@@ -175,7 +176,8 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     elif "Could not override" in msg or "not in struct" in msg:
         key = next((q for q in msg.split("'")[1::2] if q), "")
         parent, _, leaf = key.rpartition(".")
-        valid, extra = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")])
+        valid, extra = _valid_keys(parent, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")],
+                                   config_name)
         hint = f" (valid keys of {parent or 'the config'}: {', '.join(valid)}" if valid else ""
         if valid and extra:
             hint += f"; not in its YAML, set with +{parent}.<key>=...: {', '.join(extra)}"
@@ -187,14 +189,14 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     return f"config error: {msg}{hint}"
 
 
-def _valid_keys(parent: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+def _valid_keys(parent: str, overrides: list[str], config_name: str = "config") -> tuple[list[str], list[str]]:
     """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
     import dataclasses
 
     from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
 
     try:
-        node = compose(_first_values([o for o in overrides if not _unparsable(o)]))
+        node = compose(_first_values([o for o in overrides if not _unparsable(o)]), config_name=config_name)
         for part in [p for p in parent.split(".") if p]:
             node = node[part]
         keys = sorted(str(k) for k in node.keys())

@@ -40,7 +40,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness import lifecycle, pipeline, results
+from harness import lifecycle, pipeline, precheck, results
 from harness.config import ConfigError
 from harness.data import build_data
 from harness.evals import EvalContext
@@ -87,7 +87,8 @@ def main(cfg: DictConfig) -> None:
 
 def curve(cfg, run: lifecycle.Run) -> Path:
     """Measure the curve, recording every point in the curve file and the row as it comes; returns the file."""
-    at = curve_steps(OmegaConf.to_container(cfg.curve.at, resolve=True))
+    at = cfg.curve.at
+    at = curve_steps(OmegaConf.to_container(at, resolve=True) if OmegaConf.is_config(at) else at)
     tag = cfg.curve.tag or f"lr{cfg.train.lr:g}-{cfg.train.schedule}-b{cfg.train.global_batch}-s{cfg.seed}"
     out = Path(cfg.paths.results_dir) / "curves" / f"{cfg.method.name}-{tag}.json"
     s = pipeline.setup(cfg)  # every group checked, the suite built once for every point
@@ -192,4 +193,5 @@ def _short(metrics: dict) -> str:
 
 
 if __name__ == "__main__":
-    lifecycle.run_guarded(main, sys.argv[1:])  # failures outside the run's try: one line + a failed row
+    lifecycle.run_guarded(main, sys.argv[1:],  # failures outside the run's try: one line + a failed row
+                          on_config_error=precheck.config_refusal(sys.argv[1:], "curve_config"))  # as run.py

@@ -80,3 +80,19 @@ def test_a_bad_curve_setting_is_one_line_and_a_failed_row(tmp_path):
                                              ">= 1, e.g. curve.at=[16,64,256,512])"]
     (row,) = _rows(tmp_path)
     assert (row["status"], row["method"]) == ("failed", "pi_curve") and row["error"].startswith("curve.at: [0, 2]")
+
+
+@pytest.mark.parametrize("override, rc, line", [
+    ("curve.at=x", 1, "curve failed: curve.at: 'x' is not a list of steps (valid: integers >= 1, e.g. "
+                      "curve.at=[16,64,256,512])"),  # a scalar where a list belongs: was a ValueError of OmegaConf
+    ("curve.att=3", 2, "config error: Could not override 'curve.att'. (valid keys of curve: at, tag)"),
+    ("method=nosuch", 2, "config error: In 'config': Could not find 'method/nosuch' (available: abf, base, clex, "),
+])
+def test_a_bad_curve_command_line_is_one_line_naming_the_choices_and_a_failed_row(tmp_path, override, rc, line):
+    """The curve script refuses as ``run.py`` does (``precheck.config_refusal`` with its own root config, whose keys
+    the line lists), and a non-list ``curve.at`` gets the curve's own line."""
+    r = _run(tmp_path, override)
+    assert r.returncode == rc
+    (got,) = r.stderr.strip().splitlines()
+    assert got.startswith(line), got
+    assert [x["status"] for x in _rows(tmp_path)] == ["failed"]

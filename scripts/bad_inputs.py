@@ -158,6 +158,14 @@ CASES = [
          writable=False, check="tables_kept",
          command=["scripts/make_tables.py", "--results", "{tmp}/rows", "--tables", "{tmp}/disk/tables",
                   "--no-figures"]),
+    # ---------------------------------------------------------------- the other entry points refuse as run.py does
+    Case("make study: a key one point lacks", "entry", [], ["sweep job", "point=tiny_study/base", "train.seed"],
+         command=["scripts/study.py", "--no-report", "experiment=tiny_study", "point=tiny_study/pi,tiny_study/base",
+                  "train.seed=1"]),
+    Case("learning curve: curve.at not a list", "entry", [], ["curve.at", "'x'"],
+         command=["scripts/recipe_curves.py", "curve.at=x"]),
+    Case("learning curve: unknown curve key", "entry", [], ["curve.att", "at, tag"],
+         command=["scripts/recipe_curves.py", "curve.att=3"]),
 ]
 
 

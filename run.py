@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> None:
     except OSError as e:  # the results or the run directory refuses the row: no run without a record
         line = lifecycle.start_failed(cfg, e)
         print(f"run failed: {line}", file=sys.stderr)
-        _exit_failed(line)
+        lifecycle.exit_failed(line)
     row = run.row
     tracker = tracking.NULL
     try:
@@ -56,7 +56,7 @@ def main(cfg: DictConfig) -> None:
         print(f"run failed: {line}", file=sys.stderr)
         report.print_summary(row)  # what was measured before the failure is never lost, even when unwritable
         tracking.finish(tracker, row)
-        _exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a kill or Ctrl-C ends a sweep too
+        lifecycle.exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a kill or Ctrl-C ends a sweep too
     tracking.finish(tracker, row)
     report.print_summary(row)
     for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
@@ -70,20 +70,8 @@ def _sharded(cfg: DictConfig) -> None:
         row = shards.run(cfg, log=lambda m: print(m, flush=True))
     except Exception as e:  # noqa: BLE001
         print(f"run failed: {lifecycle.one_line(e)}", file=sys.stderr)
-        _exit_failed(lifecycle.one_line(e))
+        lifecycle.exit_failed(lifecycle.one_line(e))
     print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
-
-
-def _exit_failed(message: str, stop_sweep: bool = False) -> None:
-    """Exit non-zero; inside a multirun, raise instead, so the launcher records this job as failed and the sweep's
-    other jobs still run (a SystemExit would stop the basic and joblib launchers' whole sweep), unless
-    ``stop_sweep``."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not stop_sweep and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise lifecycle.RunFailed(message)
-    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -139,12 +139,26 @@ def start(cfg, run_dir: str | Path | None = None, names: dict | None = None) -> 
 
 def start_or_exit(cfg, run_dir: str | Path | None, names: dict | None, what: str) -> Run:
     """``start`` for an entry point other than ``run.py`` (the factor search, the learning curves): when the row or
-    the run directory cannot be written, print ``<what> failed: <line>`` and exit 1 (no run without a record)."""
+    the run directory cannot be written, print ``<what> failed: <line>`` and end the job (``exit_failed``: no run
+    without a record)."""
     try:
         return start(cfg, run_dir, names)
     except OSError as e:
-        print(f"{what} failed: {start_failed(cfg, e)}", file=sys.stderr)
-        sys.exit(1)
+        line = start_failed(cfg, e)
+        print(f"{what} failed: {line}", file=sys.stderr)
+        exit_failed(line)
+
+
+def exit_failed(message: str, stop_sweep: bool = False) -> None:
+    """End a job whose row is already finished as failed (its line printed): exit 1; inside a Hydra multirun, raise
+    ``RunFailed`` instead, so the launcher records this job as failed and the sweep's other jobs still run (a
+    SystemExit would stop the basic and joblib launchers' whole sweep), unless ``stop_sweep`` (a kill, Ctrl-C)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not stop_sweep and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise RunFailed(message)
+    sys.exit(1)
 
 
 def write_run_file(run_dir: str | Path, row: dict) -> None:

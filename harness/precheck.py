@@ -30,7 +30,7 @@ def precheck_or_exit(argv: list[str]) -> None:
     overrides = plain_overrides(argv)
     try:
         if multirun:
-            _precheck_sweep(overrides)
+            _precheck_sweep(overrides, "config", _validate_run)
         else:
             from harness.train.deepspeed_engine import one_node_step
 
@@ -136,13 +136,34 @@ def _results_dir_of(overrides: list[str]) -> str:
     return os.environ.get("HARNESS_RESULTS_DIR", "results")
 
 
-def _precheck_sweep(overrides: list[str]) -> None:
-    from harness import pipeline, sweeps
+def precheck_sweep_or_exit(argv: list[str], config_name: str, validate) -> None:
+    """``precheck_or_exit`` for another entry point (the factor search, the learning curves), whose root config is
+    ``config_name``: before Hydra launches a sweep (``-m``), every job is composed and ``validate(cfg)`` (raises on a
+    bad value); the first bad job is one line naming it, a failed row, exit 2, and nothing runs. A single run is left
+    to Hydra and ``run_guarded`` (``config_refusal``)."""
+    if not any(a in ("-m", "--multirun") for a in argv) or any(
+            a.startswith("-") and a not in ("-m", "--multirun") or a.startswith("hydra.searchpath") for a in argv):
+        return
+    overrides = plain_overrides(argv)
+    try:
+        _precheck_sweep(overrides, config_name, validate)
+    except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
+        refuse(e, overrides, config_name)
+
+
+def _validate_run(cfg) -> None:
+    from harness import pipeline
+
+    pipeline.validate(cfg, data=False)  # data: the jobs check it where they run
+
+
+def _precheck_sweep(overrides: list[str], config_name: str, validate) -> None:
+    from harness import sweeps
     from harness.sweeps import SweepJobError
 
-    for job in sweeps.expand(overrides):
+    for job in sweeps.expand(overrides, config_name):
         try:
-            pipeline.validate(compose(job), data=False)  # data: the jobs check it where they run
+            validate(compose(job, config_name=config_name))
         except Exception as e:  # noqa: BLE001
             raise SweepJobError(job, e) from None
 

@@ -22,9 +22,10 @@ class SweepJobError(Exception):
         self.job, self.error = job, error
 
 
-def compose(overrides: list[str], with_hydra: bool = False):
-    """The config of one job (``with_hydra``: including the ``hydra`` node: launcher, sweeper, sweep dirs)."""
-    return conf_utils.compose(overrides, with_hydra=with_hydra)
+def compose(overrides: list[str], with_hydra: bool = False, config_name: str = "config"):
+    """The config of one job (``with_hydra``: including the ``hydra`` node: launcher, sweeper, sweep dirs) of an entry
+    point whose root config is ``config_name``."""
+    return conf_utils.compose(overrides, config_name=config_name, with_hydra=with_hydra)
 
 
 def _first_values(overrides: list[str]) -> list[str]:
@@ -39,17 +40,18 @@ def _first_values(overrides: list[str]) -> list[str]:
     return out
 
 
-def sweeper_params(argv: list[str]) -> list[str]:
+def sweeper_params(argv: list[str], config_name: str = "config") -> list[str]:
     """``hydra.sweeper.params`` of the composed config, as override strings (resolved, as Hydra's sweeper reads
     them: ``point: ${points:tiny_study}`` is the experiment's every point)."""
-    cfg = compose(_first_values(argv), with_hydra=True)
+    cfg = compose(_first_values(argv), with_hydra=True, config_name=config_name)
     node = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return [f"{k}={' '.join(str(v).split())}" for k, v in params.items()]
 
 
-def expand(argv: list[str]) -> list[list[str]]:
-    """Every job of ``python run.py -m <argv>``: a list of override lists (the basic sweeper's order)."""
+def expand(argv: list[str], config_name: str = "config") -> list[list[str]]:
+    """Every job of ``python run.py -m <argv>`` (or of another entry point's, whose root config is ``config_name``):
+    a list of override lists (the basic sweeper's order)."""
     parser = OverridesParser.create()
-    overrides = parser.parse_overrides(sweeper_params(argv) + list(argv))
+    overrides = parser.parse_overrides(sweeper_params(argv, config_name) + list(argv))
     return BasicSweeper.split_arguments(overrides, None)[0]

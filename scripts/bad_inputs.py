@@ -166,6 +166,12 @@ CASES = [
          command=["scripts/recipe_curves.py", "curve.at=x"]),
     Case("learning curve: unknown curve key", "entry", [], ["curve.att", "at, tag"],
          command=["scripts/recipe_curves.py", "curve.att=3"]),
+    Case("factor search: target_length not a length", "entry", [], ["target_length", "abc"],
+         command=["scripts/search_rope.py", "target_length=abc"]),
+    Case("factor search: unknown search key", "entry", [], ["search.iteratons", "iterations"],
+         command=["scripts/search_rope.py", "search.iteratons=3"]),
+    Case("factor search sweep: one bad job", "entry", [], ["sweep job", "unknown seed", "nosuch"],
+         command=["scripts/search_rope.py", "-m", "search.seeds=[pi],[nosuch]"]),
 ]
 
 

@@ -64,6 +64,18 @@ def curve_steps(value) -> list[int]:
     return sorted(set(steps))
 
 
+def checked_steps(cfg) -> list[int]:
+    """``curve.at`` checked (``curve_steps``); with every group checked as ``run.py`` checks them, the check of each
+    job of a curve sweep before any job starts (``precheck.precheck_sweep_or_exit``)."""
+    at = cfg.curve.at
+    return curve_steps(OmegaConf.to_container(at, resolve=True) if OmegaConf.is_config(at) else at)
+
+
+def _check_job(cfg) -> None:
+    checked_steps(cfg)
+    pipeline.validate(cfg, data=False)
+
+
 def row_names(cfg) -> dict:
     """The row's group columns: the config's options, the method's as ``<method>_curve``."""
     return {g: cfg[g].get("name") for g in results.GROUPS} | {"method": f"{cfg.method.name}_curve"}
@@ -80,15 +92,15 @@ def main(cfg: DictConfig) -> None:
         if problem:
             raise OSError(f"the finished row could not be written: {problem}")
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - every failure: a failed row
-        print(f"curve failed: {run.fail(e)}", file=sys.stderr)
-        sys.exit(1)
+        line = run.fail(e)
+        print(f"curve failed: {line}", file=sys.stderr)
+        lifecycle.exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a sweep's other curves still run
     print(f"curve: {out}\nrow: {run.path}")
 
 
 def curve(cfg, run: lifecycle.Run) -> Path:
     """Measure the curve, recording every point in the curve file and the row as it comes; returns the file."""
-    at = cfg.curve.at
-    at = curve_steps(OmegaConf.to_container(at, resolve=True) if OmegaConf.is_config(at) else at)
+    at = checked_steps(cfg)
     tag = cfg.curve.tag or f"lr{cfg.train.lr:g}-{cfg.train.schedule}-b{cfg.train.global_batch}-s{cfg.seed}"
     out = Path(cfg.paths.results_dir) / "curves" / f"{cfg.method.name}-{tag}.json"
     s = pipeline.setup(cfg)  # every group checked, the suite built once for every point
@@ -193,5 +205,6 @@ def _short(metrics: dict) -> str:
 
 
 if __name__ == "__main__":
+    precheck.precheck_sweep_or_exit(sys.argv[1:], "curve_config", _check_job)  # a sweep: every job checked first
     lifecycle.run_guarded(main, sys.argv[1:],  # failures outside the run's try: one line + a failed row
                           on_config_error=precheck.config_refusal(sys.argv[1:], "curve_config"))  # as run.py

@@ -27,10 +27,31 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from harness import conf_utils, lifecycle, results  # noqa: F401  (conf_utils registers the resolvers)
-from harness.config import to_args
+from harness import conf_utils, lifecycle, precheck, results  # noqa: F401  (conf_utils registers the resolvers)
+from harness.config import ConfigError, to_args
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def target_length(cfg) -> int:
+    """``target_length``: L' in tokens, an integer >= the model's native window C (C itself: the short-factor search,
+    ``search.factors_for=short``); the default ``${ctx:4}`` is 4C on every model."""
+    v, c = cfg.target_length, int(cfg.model.native_ctx)
+    if isinstance(v, bool) or not isinstance(v, int) or v < c:
+        raise ConfigError(f"target_length: {v!r} is not a length in tokens >= the native window C = {c} (valid: an "
+                          f"integer, e.g. target_length={4 * c} = 4C)")
+    return v
+
+
+def checked(cfg):
+    """The search's arguments (``SearchArgs``), every value checked, and the target length: raises ``ConfigError``
+    naming the key (before a single search starts, or before any job of a sweep launches)."""
+    from harness.search import SearchArgs
+
+    target_length(cfg)
+    a = to_args(SearchArgs, cfg.search, f"search={cfg.search.get('name')}")
+    a.validate()
+    return a
 
 
 def default_out(cfg) -> Path:
@@ -102,7 +123,7 @@ def verify(handle, factors: dict, a, cfg, run_dir: Path, log) -> dict:
 
     model, tok = handle.model, handle.tokenizer
     v = cfg.verify
-    L = int(cfg.target_length) if a.factors_for == "short" else int(factors["max_position_embeddings"])
+    L = target_length(cfg) if a.factors_for == "short" else int(factors["max_position_embeddings"])
     dtype = resolve_dtype(str(cfg.autocast))
     ds, split = (v.dataset or a.dataset), (v.split or a.split)
     ev = Perplexity(Perplexity.Args(dataset=ds, split=split, samples=int(v.samples), lengths=[L], chunk=a.chunk))
@@ -145,13 +166,17 @@ def main(cfg: DictConfig) -> None:
     import torch
 
     from harness.models import build_model
-    from harness.search import SearchArgs, run_search
+    from harness.search import run_search
 
+    try:
+        a = checked(cfg)
+    except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2 (as run.py: an exception leaving a Hydra
+        # job would first print Hydra's own "Error executing job" line)
+        precheck.refuse(e, list(hydra.core.hydra_config.HydraConfig.get().overrides.task), "search_config")
     if int(cfg.threads) > 0:
         torch.set_num_threads(int(cfg.threads))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill <pid>` ends the row as interrupted; the state file stays
     run_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    a = to_args(SearchArgs, cfg.search, f"search={cfg.search.get('name')}")
     names = {"model": cfg.model.name, "method": f"{a.algorithm}_search", "data": a.dataset, "train": None,
              "eval": "search"}
     run = lifecycle.start_or_exit(cfg, run_dir, names, "search")  # no search without a record
@@ -169,7 +194,7 @@ def main(cfg: DictConfig) -> None:
         load = {"search_start": _load_average()}  # label timings taken on a loaded machine
         with run.stage("search"):
             factors, info = run_search(handle.model, handle.tokenizer, a, int(handle.native_ctx),
-                                       int(cfg.target_length), state, seed=int(cfg.seed), model_name=handle.name,
+                                       target_length(cfg), state, seed=int(cfg.seed), model_name=handle.name,
                                        resume=bool(cfg.resume), log=log, dtype=str(cfg.autocast), weights=digest)
         load["search_end"] = _load_average()
         factors["provenance"]["run_id"] = run_id
@@ -184,7 +209,7 @@ def main(cfg: DictConfig) -> None:
                    "wall_time_s": info["elapsed_s"], "progress": info["progress"], "resumes": info["resumes"],
                    "this_session": info["this_session"], "threads": torch.get_num_threads(),
                    "load_average": load, "n_hat": info["n_hat"], "critical_dim": info["critical_dim"],
-                   "factors_file": str(out), "target_length": int(cfg.target_length),
+                   "factors_file": str(out), "target_length": target_length(cfg),
                    "weights_sha256": factors["provenance"]["weights_sha256"], "ppl_at_target": None}
         run.record(metrics={"search": metrics})
         if cfg.verify.enabled:
@@ -205,7 +230,7 @@ def main(cfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row + one line
         run.finish(e)
         print(f"search failed: {row['error']}", file=sys.stderr)
-        sys.exit(1)
+        lifecycle.exit_failed(row["error"])  # a sweep's other searches still run
 
 
 def _interrupt(signum, frame):
@@ -222,4 +247,6 @@ def _load_average() -> list | None:
 
 
 if __name__ == "__main__":
-    main()
+    precheck.precheck_sweep_or_exit(sys.argv[1:], "search_config", checked)  # a sweep: every job checked first
+    lifecycle.run_guarded(main, sys.argv[1:],  # failures outside the search's try: one line + a failed row
+                          on_config_error=precheck.config_refusal(sys.argv[1:], "search_config"))  # as run.py

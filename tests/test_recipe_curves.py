@@ -19,8 +19,10 @@ from tests.conftest import ROOT
 def _run(tmp_path, *overrides):
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), "method=pi", "train=tiny",
-                           "train.tokens=8192", "train.lr=1e-3", "train.warmup_steps=1", "curve.at=[1,2]",
+    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides (Hydra's argument parser)
+    overrides = [o for o in overrides if not o.startswith("-")]
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), *flags, "method=pi",
+                           "train=tiny", "train.tokens=8192", "train.lr=1e-3", "train.warmup_steps=1", "curve.at=[1,2]",
                            "eval=quick", "curve.tag=t", "train.keep_checkpoints=true", *overrides],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
@@ -96,3 +98,25 @@ def test_a_bad_curve_command_line_is_one_line_naming_the_choices_and_a_failed_ro
     (got,) = r.stderr.strip().splitlines()
     assert got.startswith(line), got
     assert [x["status"] for x in _rows(tmp_path)] == ["failed"]
+
+
+def test_a_curve_sweep_is_checked_job_by_job_before_any_job_runs(tmp_path):
+    """As ``run.py -m``: a bad ``curve.at`` in the second job stops the sweep before the first curve trains."""
+    r = _run(tmp_path, "-m", "curve.at=[1,2],[0]")
+    assert r.returncode == 2, r.stderr[-3000:]
+    (got,) = r.stderr.strip().splitlines()
+    assert got.startswith("config error in sweep job [") and "curve.at: [0] is not a list of steps" in got, got
+    assert [x["status"] for x in _rows(tmp_path)] == ["failed"]
+    assert not (tmp_path / "res" / "curves").exists()
+
+
+def test_a_curve_sweep_goes_on_past_a_failed_curve(tmp_path):
+    """A curve that fails while running (its PPL data missing) is one line and a failed row; the sweep's next curve
+    still runs to an ``ok`` row and its curve file, and the sweep exits non-zero."""
+    (tmp_path / "empty").mkdir()
+    r = _run(tmp_path, "-m", f"eval.suite.ppl_books.dataset=dir:{tmp_path}/empty,shakespeare", "eval.lengths=[512]",
+             "curve.at=[1]")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "curve failed: " in r.stderr and "sweep failed" in r.stderr.strip().splitlines()[-1]
+    assert sorted(x["status"] for x in _rows(tmp_path)) == ["failed", "ok"]
+    assert (tmp_path / "res" / "curves" / "pi-t.json").exists()

@@ -83,6 +83,12 @@ class SearchArgs:
             raise ConfigError(f"search={self.name}: fitness must be ppl | needle, got {self.fitness!r}")
         if self.parents < 1 or self.population < self.parents:
             raise ConfigError(f"search={self.name}: need 1 <= parents <= population")
+        for key in ("iterations", "samples", "batch"):
+            v, low = getattr(self, key), 0 if key == "iterations" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"search.{key}: {v!r} is not an integer >= {low}")
+        if not self.time_budget_s >= 0:
+            raise ConfigError(f"search.time_budget_s: {self.time_budget_s!r} is not >= 0 (0 = no budget)")
         for sd in self.seeds:
             if sd not in ("pi", "ntk", "yarn", "yarn_freq", "ramp", "random"):
                 raise ConfigError(f"search={self.name}: unknown seed {sd!r} "

@@ -197,6 +197,29 @@ def test_part_rule():
     assert not P("x", (0.3, 0.1, 0.5), alt=(0.3, 0.2, 0.4)).fragile
 
 
+def test_an_accuracy_part_carries_the_paired_bootstrap_as_its_second_interval():
+    """A difference of accuracies on the same 50 prompts with 4 discordant pairs, all one way: Newcombe's paired
+    interval contains 0 (it decides: inconclusive), the paired percentile bootstrap excludes it, so the part is
+    fragile and says so; with 8 discordant pairs both exclude 0 and the part is not fragile."""
+    from harness.tables.estimates import Est
+
+    def est(x):
+        return Est(float(np.mean(x)), n=len(x), kind="proportion", samples=list(x), paired=True, keys=(512,),
+                   lo=0.0, hi=1.0)
+
+    def part(f):
+        a = [1] * 10 + [1] * f + [0] * (40 - f)
+        b = [1] * 10 + [0] * f + [0] * (40 - f)
+        return fd._part_prop("a - b", est(a), est(b), "a", "b")
+
+    weak = part(4)
+    assert weak.ci == stats.newcombe_diff([1] * 14 + [0] * 36, [1] * 10 + [0] * 40, paired=True)
+    assert weak.verdict() == fd.INCONCLUSIVE and weak.alt[1] > 0 and weak.fragile
+    assert "fragile: paired bootstrap [+0.02, +0.16]" in weak.text()
+    strong = part(8)
+    assert strong.verdict() == fd.REPRODUCED and strong.alt[1] > 0 and not strong.fragile
+
+
 def test_intervals_behind_the_rule():
     # Wilson never collapses at 0/n, n/n; Newcombe's difference (unpaired: Newcombe 1998 Table II example)
     assert stats.wilson(0, 5)[1] == pytest.approx(0.4345, abs=1e-4) and stats.wilson(5, 5)[0] == pytest.approx(0.5655,

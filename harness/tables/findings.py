@@ -27,8 +27,9 @@ Intervals: paired where the two numbers come from the same prompts / documents (
 accuracies over hundreds of prompts; for perplexity and NLL, the Student t interval of the mean per-document
 difference over the 8 documents, exponentiated for a PPL ratio: ``stats.SMALL_N``, chosen by the coverage simulation
 in ``tests/test_stats.py``, where the percentile bootstrap undercovers), unpaired otherwise (Newcombe's hybrid score
-interval). A part over few documents is called **fragile** when the BCa bootstrap interval (the other candidate at
-small n) sits on another side of the margin than the t interval. "Needle" is the NIAH score averaged over the
+interval). A part is called **fragile** when a second reasonable interval sits on another side of the margin: over
+few documents the BCa bootstrap interval (the other candidate at small n) beside the t interval; over prompts the
+bootstrap (paired on the same prompts) beside Newcombe's interval. "Needle" is the NIAH score averaged over the
 evaluated lengths (the paper's Table 1), or passkey accuracy where NIAH is not measurable for the model
 (``estimates.floor``); PPL is the PG19 analogue (``ppl_books``).
 
@@ -108,7 +109,9 @@ class Part:
     why: str = ""                     # why there is no interval: "no rows: ...", "not measurable ...", ...
     decimals: int = 2
     at_level: Callable | None = None  # level -> (value, lo, hi): the same interval at another level (Holm's p-value)
-    alt: tuple | None = None          # the BCa interval beside a t interval over few documents ("fragile")
+    alt: tuple | None = None          # the other reasonable interval ("fragile" when it disagrees about the margin):
+    alt_name: str = "BCa"             # BCa beside a t interval over few documents, the paired bootstrap beside
+                                      # Newcombe's interval over prompts
     holm: str = ""                    # the part's verdict after Holm's correction (``correct``)
 
     def verdict(self) -> str:
@@ -118,7 +121,7 @@ class Part:
 
     @property
     def fragile(self) -> bool:
-        """The BCa interval and the t interval disagree about the margin."""
+        """The two reasonable intervals (``ci``, ``alt``) disagree about the margin."""
         return self.alt is not None and self.ci is not None and \
             _side(self.alt, self.direction, self.margin) != self.verdict()
 
@@ -134,7 +137,7 @@ class Part:
             if self.holm and self.holm != self.verdict():
                 out += f" (Holm: {self.holm})"
             if self.fragile:
-                out += f"; fragile: BCa [{self.alt[1]:{sign}.{d}f}, {self.alt[2]:{sign}.{d}f}]"
+                out += f"; fragile: {self.alt_name} [{self.alt[1]:{sign}.{d}f}, {self.alt[2]:{sign}.{d}f}]"
         return out
 
 
@@ -314,10 +317,17 @@ def _why_est(x, what: str) -> str:
 
 
 def _part_prop(what: str, a, b, na: str, nb: str, direction: int = 1) -> Part:
+    """A difference of two accuracies: Newcombe's interval (``prop_diff``), the bootstrap beside it (paired when
+    the prompts are the same) as the second reasonable interval of the fragile check."""
     why = _why_est(a, na) or _why_est(b, nb)
     d = None if why else prop_diff(a, b)
+    alt = None
+    if d and stats.is_binary(a.samples) and stats.is_binary(b.samples):
+        paired = a.paired and b.paired and len(a.samples) == len(b.samples) and a.keys == b.keys
+        alt = stats.bootstrap_diff(a.samples, b.samples, paired)
     return Part(what, d, direction, 0.0, why if d is None and why else ("" if d else "no interval"),
-                at_level=(lambda lv: prop_diff(a, b, lv)) if d else None)
+                at_level=(lambda lv: prop_diff(a, b, lv)) if d else None, alt=alt,
+                alt_name="paired bootstrap" if alt and paired else "bootstrap")
 
 
 def _members(ev: Evidence, left: list, right: list) -> list[Part]:
@@ -865,8 +875,9 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            "documents) where the rows keep per-sample scores: Newcombe's interval for accuracies; for perplexity "
            "and NLL over 8 documents, the Student t interval of the mean per-document difference (exponentiated for "
            "a PPL ratio), chosen by the coverage simulation in `tests/test_stats.py` (the percentile bootstrap "
-           "undercovers at n = 8). *fragile*: the BCa bootstrap interval falls on another side of the margin than "
-           "the t interval. A verdict that differs between training seeds is inconclusive (Holm's correction runs "
+           "undercovers at n = 8). *fragile*: a second reasonable interval falls on another side of the margin "
+           "(the BCa bootstrap beside a t interval over documents; the paired bootstrap beside Newcombe's over "
+           "prompts). A verdict that differs between training seeds is inconclusive (Holm's correction runs "
            "over each seed's parts; agreement across seeds can only remove a verdict, so the family-wise 5% of one "
            "seed holds for the report). *with gate-failed rows*: "
            f"the verdict with the {n_gated} rows that failed the convergence gate put back (a sensitivity line, "

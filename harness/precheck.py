@@ -20,9 +20,7 @@ def precheck_or_exit(argv: list[str]) -> None:
     (``harness.train.deepspeed_engine.one_node_step``). Nothing is checked for help / ``--cfg`` / other ``--`` flags,
     or with ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides
     (launcher, sweep dirs) are left to Hydra and do not affect the jobs' configs."""
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    flags = any(a in HELP_FLAGS or a.startswith("--cfg") or (a.startswith("-") and a not in ("-m", "--multirun"))
-                for a in argv)
+    multirun, flags = _multirun(argv), _flags(argv)
     if multirun and not flags and _submit_to_slurm(argv):
         return
     if flags or any(a.startswith("hydra.searchpath") for a in argv):
@@ -37,6 +35,15 @@ def precheck_or_exit(argv: list[str]) -> None:
             one_node_step()  # inside a Slurm job: one node per run
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         refuse(e, overrides)
+
+
+def _multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def _flags(argv: list[str]) -> bool:
+    """Help, ``--cfg`` and other ``--`` flags (``HELP_FLAGS`` and the rest): nothing is checked, Hydra answers."""
+    return any(a in HELP_FLAGS or a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
 
 
 def plain_overrides(argv: list[str]) -> list[str]:
@@ -141,8 +148,7 @@ def precheck_sweep_or_exit(argv: list[str], config_name: str, validate) -> None:
     ``config_name``: before Hydra launches a sweep (``-m``), every job is composed and ``validate(cfg)`` (raises on a
     bad value); the first bad job is one line naming it, a failed row, exit 2, and nothing runs. A single run is left
     to Hydra and ``run_guarded`` (``config_refusal``)."""
-    if not any(a in ("-m", "--multirun") for a in argv) or any(
-            a.startswith("-") and a not in ("-m", "--multirun") or a.startswith("hydra.searchpath") for a in argv):
+    if not _multirun(argv) or _flags(argv) or any(a.startswith("hydra.searchpath") for a in argv):
         return
     overrides = plain_overrides(argv)
     try:

@@ -423,6 +423,30 @@ def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclu
     assert fd.report(RowSet(paper, load_spec()), "tiny_llama").count("Training seeds") == 0
 
 
+def test_a_row_of_an_older_gate_is_superseded_by_its_re_run_under_the_current_gate():
+    """PI's row gated by version 1 (passed) and its re-run of the same config under the current gate (failed): the
+    old row feeds no cell (else it would stand in for the failed re-run), is named as superseded, and leaves the
+    report's gate caveat; without the re-run the old row is used, and the caveat names it."""
+    from harness.evals.convergence import GATE_VERSION
+
+    rows = world("paper")
+    pi = next(r for r in rows if r["run_id"] == "pi-t")
+    pi["config_hash"] = "h-pi"
+    old = json.loads(json.dumps(pi))
+    old["run_id"], old["time_start"] = "pi-old", "2026-01-01T00:00:00"
+    old["train_info"]["convergence"] = {"converged": True, "rule": "r"}  # version 1: no version key
+    pi["train_info"]["convergence"] = {"converged": False, "rule": "r", "gate_version": GATE_VERSION}
+    rs = RowSet(rows + [old], load_spec())
+    assert [r["run_id"] for r in rs.superseded] == ["pi-old"] and [r["run_id"] for r in rs.unconverged] == ["pi-t"]
+    assert not [e for e in rs.for_model("tiny_llama") if e.method == "pi"]
+    assert any("superseded" in n and "pi-old" in n for n in rs.footnotes())
+    rep = fd.report(rs, "tiny_llama")
+    assert "Gate caveat" not in rep and "no rows: pi" in next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
+    alone = RowSet([r for r in rows if r["run_id"] != "pi-t"] + [old], load_spec())
+    assert not alone.superseded and [e.rows[0]["run_id"] for e in alone.for_model("tiny_llama") if e.method == "pi"]
+    assert "**Gate caveat**: 1 fine-tuned rows" in fd.report(alone, "tiny_llama")
+
+
 def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
     """(b) without a converged PI row says "no rows: pi", and the report adds that PI's rows exist but failed the
     convergence gate; a method with no row at all gets no such note."""

@@ -94,6 +94,13 @@ def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast:
     return {"length": C, "nll": nll, "passkey": ok, "held_out": held_out}
 
 
+def current(row: dict) -> bool:
+    """Whether a row was gated by this module's gate (a fine-tuned row with a gate record of ``GATE_VERSION``)."""
+    ti = row.get("train_info")
+    g = ti.get("convergence") if isinstance(ti, dict) else None
+    return isinstance(g, dict) and g.get("gate_version") == GATE_VERSION
+
+
 def outdated(row: dict) -> bool:
     """Whether a row's gate record comes from an older gate than this module's: its verdict was reached on another
     set (version 1, or no version: the suite's own passkey prompts and books), so `make study` runs its point again.

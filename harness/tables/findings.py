@@ -885,7 +885,9 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            ""]
     from harness.evals.convergence import GATE_VERSION, outdated
 
-    old_gate = sorted(r.get("run_id", "?") for r in rs.all_rows if r.get("model") == model and outdated(r))
+    superseded = {id(r) for r in rs.superseded}  # re-run under the current gate: those rows decide nothing
+    old_gate = sorted(r.get("run_id", "?") for r in rs.all_rows
+                      if r.get("model") == model and outdated(r) and id(r) not in superseded)
     if old_gate:
         out += [f"**Gate caveat**: {len(old_gate)} fine-tuned rows were admitted or left out by an older convergence "
                 f"gate (before version {GATE_VERSION}), which measured on the suite's own passkey prompts and books, "

@@ -222,6 +222,13 @@ class RowSet:
         self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
         self.running = [r for r in unfinished if liveness(r) != "stale"]
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
+        # a fine-tuned row gated by an older convergence gate is superseded by a row of the same configuration gated
+        # by the current one (``make study`` re-runs such points): it feeds no cell and is named in a footnote
+        from harness.evals.convergence import current, outdated
+
+        rerun = {r.get("config_hash") for r in ok if r.get("config_hash") and current(r)}
+        self.superseded = [r for r in ok if outdated(r) and r.get("config_hash") in rerun]
+        ok = [r for r in ok if not (outdated(r) and r.get("config_hash") in rerun)]
         # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
         # not the method: left out of every table and finding, named in a footnote
         self.unconverged = [r for r in ok if converged(r) is False] if gate else []
@@ -349,6 +356,11 @@ class RowSet:
             if model is None or m == model:
                 notes.append(f"{label}: {n['rows']} rows match (model, method, train, data, eval protocol); the newest "
                              f"with a value is used per cell ({', '.join(sorted(x for x in n['used'] if x))}).")
+        sup = [r for r in self.superseded if model is None or r.get("model") == model]
+        if sup:
+            notes.append(f"{len(sup)} row(s) gated by an older convergence gate are superseded by a re-run of the same "
+                         "configuration under the current gate: " + ", ".join(sorted(str(r.get("run_id"))
+                                                                               for r in sup)) + ".")
         if self.failed:
             ids = ", ".join(sorted(str(r.get("run_id")) for r in self.failed)[:6])
             more = "" if len(self.failed) <= 6 else f" and {len(self.failed) - 6} more"

@@ -77,7 +77,7 @@ findings: setup ## results/findings.md: the paper's 13 findings tested on result
 export: setup ## every row as one flat table: results/export/results.csv and .parquet (harness/tables/export.py)
 	$(PY) scripts/export_rows.py
 
-study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once and overrides
+study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once, "--seed 1" for the fine-tuned points with another training seed, overrides
 	$(PY) scripts/study.py $(ARGS)
 
 TINY := harness/assets/tiny_llama

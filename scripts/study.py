@@ -5,6 +5,7 @@ row with status ``ok`` and the same config hash already exists, then `make table
     python scripts/study.py experiment=tiny_study point=tiny_study/base,tiny_study/pi   # a subset
     python scripts/study.py --dry-run                        # the plan: which points run, which are done
     python scripts/study.py --jobs 2                         # two points at a time, one thread each
+    python scripts/study.py --seed 1                         # the fine-tuned points again, training seed 1
 
 Points start longest first (``--order longest``, the default): each point's expected seconds are the wall seconds of
 the latest ``ok`` row of the same point (the ``point=`` its command named, any seed; points without one first, as
@@ -49,9 +50,11 @@ def hms(s: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def plan(argv: list[str]) -> tuple[list[dict], str]:
+def plan(argv: list[str], seed: int | None = None) -> tuple[list[dict], str]:
     """[{overrides, hash, done (run id or None), old_gate (the run id of an ok row measured by an older convergence
-    gate, or None), label}] for every job of ``run.py -m <argv>``, and the results dir."""
+    gate, or None), label}] for every job of ``run.py -m <argv>``, and the results dir. ``seed``: only the jobs that
+    fine-tune (``train.enabled``), each with ``data.seed=<seed> train.seed=<seed>`` (the mixture's sample and order
+    and the training RNG; the evaluation prompts stay the same)."""
     from omegaconf import OmegaConf
 
     from harness import conf_utils, precheck, sweeps
@@ -67,6 +70,11 @@ def plan(argv: list[str]) -> tuple[list[dict], str]:
     for ov in jobs:
         try:
             cfg = conf_utils.compose(ov)
+            if seed is not None:
+                if not cfg.train.get("enabled"):
+                    continue  # a frozen point has no training seed
+                ov = ov + [f"data.seed={seed}", f"train.seed={seed}"]
+                cfg = conf_utils.compose(ov)
         except Exception as e:  # noqa: BLE001 - as `run.py -m`: one line naming the job, a failed row, exit 2
             precheck.refuse(sweeps.SweepJobError(ov, e), argv)
         results_dir = results_dir or str(cfg.paths.results_dir)
@@ -166,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
     ap.add_argument("--jobs", type=int, default=1, help="points run at once, each with cores / jobs threads "
                     "(OMP_NUM_THREADS); on a 2-core CPU 2 x 1 thread finished more points per hour than 1 x 2")
+    ap.add_argument("--seed", type=int, default=None, help="run only the fine-tuned points, with data.seed and "
+                    "train.seed set to this (a second training seed of the study)")
     ap.add_argument("--order", choices=["longest", "given"], default="longest",
                     help="start the points with the longest recorded run first (default) or in the sweep's order")
     a = ap.parse_args(argv)
@@ -173,7 +183,7 @@ def main(argv=None) -> int:
     if not any(x.startswith("experiment=") for x in argv):
         argv = ["experiment=tiny_study"] + argv
     t0 = time.time()
-    jobs, results_dir = plan(argv)
+    jobs, results_dir = plan(argv, a.seed)
     todo = [j for j in jobs if not j["done"]]
     print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
           f"config hash in {results_dir}/runs), {len(todo)} to run", flush=True)

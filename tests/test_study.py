@@ -112,3 +112,21 @@ def test_study_refuses_a_job_that_does_not_compose_before_running_any(tmp_path):
     assert "== [" not in r.stdout  # nothing launched
     rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
     assert [x["status"] for x in rows] == ["failed"]
+
+
+def test_study_seed_runs_the_fine_tuned_points_with_that_training_seed(tmp_path, monkeypatch):
+    """``--seed 1``: the frozen base is left out (it has no training seed), PI runs with ``data.seed=1 train.seed=1``,
+    and its config hash is the one ``run.py`` gives that command line."""
+    from omegaconf import OmegaConf
+
+    from harness.conf_utils import compose
+    from harness.results import config_hash
+
+    monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
+    st = load_file_module(ROOT / "scripts" / "study.py")
+    argv = ["experiment=tiny_study", "point=tiny_study/base,tiny_study/pi"]
+    assert len(st.plan(argv)[0]) == 2
+    (job,), _ = st.plan(argv, seed=1)
+    want = ["experiment=tiny_study", "point=tiny_study/pi", "data.seed=1", "train.seed=1"]
+    assert sorted(job["overrides"]) == sorted(want)
+    assert job["hash"] == config_hash(OmegaConf.to_container(compose(want), resolve=True))

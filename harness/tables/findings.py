@@ -892,7 +892,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
         out += [f"**Gate caveat**: {len(old_gate)} fine-tuned rows were admitted or left out by an older convergence "
                 f"gate (before version {GATE_VERSION}), which measured on the suite's own passkey prompts and books, "
                 "so which rows enter the comparisons was decided on the evaluation's data. `make study` re-runs "
-                "the fine-tuned points of the study with the held-out gate (other seeds: their own commands); "
+                "the fine-tuned points of the study with the held-out gate (another seed: `--seed N`); "
                 "until then read the *with gate-failed rows* line beside each verdict.", ""]
     if ev.needle_note:
         out += [f"Needle: {ev.needle_note}.", ""]

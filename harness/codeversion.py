@@ -49,16 +49,28 @@ def data_code_version() -> dict:
     return {"code": digest(files), **_versions("numpy", "tokenizers", "transformers")}
 
 
-# bookkeeping and reporting modules: editing them never changes a trained weight
+# modules whose edits never change a trained weight: bookkeeping and reporting, the command-line checks and tools,
+# the statistics, and what runs only after the weights are final (the evaluators, the factor search: LongRoPE's
+# recovery search runs after fine-tuning and writes factors, not weights). ``NUMERICAL`` names the exceptions: the
+# convergence gate measures the base model before fine-tuning starts, in the same process.
 NOT_NUMERICAL = {"tables", "report.py", "tracking.py", "results.py", "lifecycle.py", "status.py", "shards.py",
-                 "sweeps.py"}
+                 "sweeps.py", "evals", "search", "eval_distributed.py", "precheck.py", "plan.py", "cli.py",
+                 "submit.py", "stats.py", "codeversion.py"}
+NUMERICAL = {"evals/convergence.py"}
+
+
+def train_code_files() -> list[Path]:
+    """The files ``train_code_version`` digests: the harness less ``NOT_NUMERICAL`` (plus ``NUMERICAL``), and the
+    distributed entry point."""
+    files = [f for f in HARNESS.rglob("*.py")
+             if not set(f.relative_to(HARNESS).parts) & NOT_NUMERICAL or f.relative_to(HARNESS).as_posix() in NUMERICAL]
+    return [f for f in [*files, ROOT / "scripts" / "train_distributed.py"] if f.is_file()]
 
 
 @functools.cache
 def train_code_version() -> dict:
     """Everything that can change fine-tuned weights: the harness (models, methods, data, training step and
-    engines; tables and reports excluded), the distributed entry point and the numerical libraries."""
-    files = [f for f in HARNESS.rglob("*.py") if not set(f.relative_to(HARNESS).parts) & NOT_NUMERICAL]
-    files.append(ROOT / "scripts" / "train_distributed.py")
-    return {"code": digest(f for f in files if f.is_file()),
+    engines, the gate's pre-training measurement; not ``NOT_NUMERICAL``), the distributed entry point and the
+    numerical libraries."""
+    return {"code": digest(train_code_files()),
             **_versions("torch", "transformers", "peft", "deepspeed", "numpy")}

@@ -208,3 +208,20 @@ def test_resume_key_follows_what_changes_results(monkeypatch):
         assert pipeline.resume_key(compose(["train=tiny", override])) != key, override
     monkeypatch.setattr(codeversion, "train_code_version", lambda: {"code": "after-a-fix"})
     assert pipeline.resume_key(cfg) != key  # a re-run after a code change never resumes old weights
+
+
+def test_the_resume_key_digests_the_code_that_makes_weights_and_not_the_rest():
+    """Editing an evaluator, the command-line checks, the factor search or the tables never costs a running study its
+    checkpoints (a session's edits to those restarted a 1024-step fine-tune from step 0); editing the training step,
+    a method, a model, the data or the gate's pre-training measurement does."""
+    from harness import codeversion
+
+    files = {f.relative_to(codeversion.ROOT).as_posix() for f in codeversion.train_code_files()}
+    for kept in ("harness/train/loop.py", "harness/train/step.py", "harness/methods/yarn.py",
+                 "harness/models/tiny_llama.py", "harness/data/synthetic.py", "harness/pipeline.py",
+                 "harness/evals/convergence.py", "scripts/train_distributed.py"):
+        assert kept in files, kept
+    for left in ("harness/evals/passkey.py", "harness/evals/__init__.py", "harness/precheck.py", "harness/plan.py",
+                 "harness/search/__init__.py", "harness/tables/findings.py", "harness/stats.py", "harness/cli.py",
+                 "harness/lifecycle.py", "harness/results.py"):
+        assert (codeversion.ROOT / left).is_file() and left not in files, left

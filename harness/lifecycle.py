@@ -127,8 +127,14 @@ def start(cfg, run_dir: str | Path | None = None, names: dict | None = None) -> 
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = Run(cfg.paths.results_dir, results.new_row(run_id, plain, names, run_dir))
-    results.start_heartbeat(run.results_dir, run.row)  # writes the row; its heartbeat then beats until finish
+    # registered before its row is written: a SIGTERM landing right after the write finishes this row (``run_guarded``)
+    # instead of leaving it ``running`` beside a second, failed row
     STARTED.append(run)
+    try:
+        results.start_heartbeat(run.results_dir, run.row)  # writes the row; its heartbeat then beats until finish
+    except OSError:
+        STARTED.remove(run)  # no row was written: ``start_failed`` records the failure
+        raise
     try:
         write_run_file(run_dir, run.row)
     except OSError as e:  # the row exists: it ends failed

@@ -89,3 +89,25 @@ def test_finetune_stage_records_what_the_methods_hook_returns(results_env, monke
     assert info["own_stage"] == {"done": True} and info["steps"] == 3
     assert seen == [(handle, results_env / "run", int(cfg.seed))]
     assert (results_env / "run" / "checkpoint" / "config.json").is_file()
+
+
+def test_a_sigterm_right_after_the_row_is_written_leaves_one_failed_row(results_env, monkeypatch):
+    """The race CI hit under load: SIGTERM (``Terminated``) landing between writing the row and registering the run
+    left the row ``running`` and a second, failed row beside it. The run is registered first, so ``run_guarded``
+    finishes that one row."""
+    from harness.train import Terminated
+
+    write = results.start_heartbeat
+
+    def write_then_signal(results_dir, row):
+        write(results_dir, row)
+        raise Terminated("terminated by SIGTERM")
+
+    monkeypatch.setattr(results, "start_heartbeat", write_then_signal)
+    cfg = compose(["model=tiny_llama", "train=none", "eval=quick"])
+    n = len(lifecycle.STARTED)
+    with pytest.raises(SystemExit):
+        lifecycle.run_guarded(lambda: lifecycle.start(cfg, run_dir=results_env / "outputs" / "t"), [])
+    rows = list(results.read_rows(results_env / "results"))
+    assert [(r["status"], r["error"]) for r in rows] == [("failed", "Terminated: terminated by SIGTERM")]
+    del lifecycle.STARTED[n:]

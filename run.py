@@ -24,9 +24,8 @@ from harness.train import Terminated
 def main(cfg: DictConfig) -> None:
     try:
         precheck.resolve_model(cfg)  # model=hub: a missing or wrong checkpoint is one line before anything starts
-    except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2 (refused here, not in run_guarded:
-        # an exception leaving a Hydra job first prints Hydra's own "Error executing job" line)
-        precheck.refuse(e, list(hydra.core.hydra_config.HydraConfig.get().overrides.task))
+    except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2
+        precheck.refuse_in_job(e)
     if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
         return _sharded(cfg)
     lifecycle.raise_on_sigterm()                                                  # kill / Slurm -> a failed row

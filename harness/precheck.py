@@ -85,6 +85,15 @@ def refuse(e: BaseException, overrides: list[str], config_name: str = "config") 
     sys.exit(2)
 
 
+def refuse_in_job(e: BaseException, config_name: str = "config") -> None:
+    """``refuse`` from inside a Hydra job (a value checked before the row starts: ``model=hub``'s checkpoint, the
+    search's target), with the job's own overrides; refused there, not in ``run_guarded``, because an exception
+    leaving a Hydra job first prints Hydra's own "Error executing job" line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    refuse(e, list(HydraConfig.get().overrides.task), config_name)
+
+
 def _submit_to_slurm(argv: list[str]) -> bool:
     """A sweep whose launcher is hydra-submitit's Slurm launcher goes to ``harness.submit`` instead, which submits
     every point and exits (the plugin waits for every job: days on the login node). Exits 0 after submitting, 2 with

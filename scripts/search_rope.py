@@ -170,9 +170,8 @@ def main(cfg: DictConfig) -> None:
 
     try:
         a = checked(cfg)
-    except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2 (as run.py: an exception leaving a Hydra
-        # job would first print Hydra's own "Error executing job" line)
-        precheck.refuse(e, list(hydra.core.hydra_config.HydraConfig.get().overrides.task), "search_config")
+    except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2 (as run.py)
+        precheck.refuse_in_job(e, "search_config")
     if int(cfg.threads) > 0:
         torch.set_num_threads(int(cfg.threads))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill <pid>` ends the row as interrupted; the state file stays

@@ -423,6 +423,23 @@ def test_training_seeds_are_never_mixed_and_a_seed_dependent_verdict_is_inconclu
     assert fd.report(RowSet(paper, load_spec()), "tiny_llama").count("Training seeds") == 0
 
 
+def test_a_seed_whose_row_failed_the_gate_shows_no_rows_instead_of_another_seeds():
+    """NTK-32K's seed-0 row failed the convergence gate, its seed-1 row passed: the seed-0 view (cells, findings)
+    has no NTK-32K rows rather than borrowing seed 1's (which would compare seed 1 of one method with seed 0 of
+    another); seed 1's view shows the seed-1 row; with the gate off (the sensitivity line) seed 0's row is back."""
+    rows = world("paper")
+    ntk = next(r for r in rows if r["run_id"] == "ntk_32k-t")
+    s1 = _reseed(ntk, 1)
+    ntk["train_info"]["convergence"] = {"converged": False, "rule": "r"}
+    rs = RowSet(rows + [s1], load_spec())
+    assert not [e for e in rs.for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert [r["run_id"] for r in rs.unconverged] == ["ntk_32k-t"] and rs.other_seeds() == ["1"]
+    (e1,) = [e for e in rs.reseeded("1").for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert [r["run_id"] for r in e1.rows] == [s1["run_id"]]
+    (e0,) = [e for e in RowSet(rows + [s1], load_spec(), gate=False).for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert e0.seed == "0" and [r["run_id"] for r in e0.rows] == ["ntk_32k-t"]
+
+
 def test_a_row_of_an_older_gate_is_superseded_by_its_re_run_under_the_current_gate():
     """PI's row gated by version 1 (passed) and its re-run of the same config under the current gate (failed): the
     old row feeds no cell (else it would stand in for the failed re-run), is named as superseded, and leaves the

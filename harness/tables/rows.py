@@ -232,7 +232,6 @@ class RowSet:
         # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,
         # not the method: left out of every table and finding, named in a footnote
         self.unconverged = [r for r in ok if converged(r) is False] if gate else []
-        ok = [r for r in ok if not (gate and converged(r) is False)]
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
@@ -246,9 +245,15 @@ class RowSet:
         for e in groups.values():  # one training seed per entry (module docstring)
             for r in e.rows:
                 e.by_seed.setdefault(training_seed(r), []).append(r)
+            # the seed shown is chosen before the gate, so that a seed whose rows failed it shows no rows instead of
+            # another seed's (a cell, and a finding's seed, never borrow a row of another training seed)
             e.seed = seed if seed in e.by_seed else e.seeds[0]
-            e.rows = list(e.by_seed[e.seed])
-        self.entries: list[Entry] = list(groups.values())
+            if gate:
+                e.by_seed = {s: kept for s, rs in e.by_seed.items()
+                             if (kept := [r for r in rs if converged(r) is not False])}
+            e.rows = list(e.by_seed.get(e.seed, []))
+        self._all_entries = list(groups.values())   # with those whose shown seed failed the gate (``other_seeds``)
+        self.entries: list[Entry] = [e for e in self._all_entries if e.rows]
         self._label()
         self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
 
@@ -300,7 +305,7 @@ class RowSet:
 
     def other_seeds(self, model: str | None = None) -> list[str]:
         """Training seeds some entry (of ``model``) has beside the one shown."""
-        return sorted({s for e in self.entries if model is None or e.model == model for s in e.by_seed
+        return sorted({s for e in self._all_entries if model is None or e.model == model for s in e.by_seed
                        if s is not None and s != e.seed}, key=_seed_order)
 
     def reseeded(self, seed: str) -> RowSet:

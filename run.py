@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         lifecycle.exit_failed(line, stop_sweep=not isinstance(e, Exception))  # a kill or Ctrl-C ends a sweep too
     tracking.finish(tracker, row)
     report.print_summary(row)
-    for line in (report.convergence_line(row), report.versus_base(row, cfg.paths.results_dir)):
+    for line in (report.convergence_line(row), report.versus_base(row, run.results_dir)):
         if line:
             report.out.print(line, soft_wrap=True)
     report.out.print(f"row: {run.path}", soft_wrap=True)
@@ -70,7 +70,7 @@ def _sharded(cfg: DictConfig) -> None:
     except Exception as e:  # noqa: BLE001
         print(f"run failed: {lifecycle.one_line(e)}", file=sys.stderr)
         lifecycle.exit_failed(lifecycle.one_line(e))
-    print(f"row ({row['status']}): {cfg.paths.results_dir}/runs/{row['run_id']}.json")
+    print(f"row ({row['status']}): {lifecycle.results_dir(cfg)}/runs/{row['run_id']}.json")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A run's row from start to finish: besides ``harness.results`` (the schema and the atomic writer) the only module
-that writes ``<results_dir>/runs/<run_id>.json``. Every entry point records through it: ``run.py`` (``start`` ->
+that writes ``<results_dir>/runs/<run_id>.json`` (a study's run: ``<results_dir>/<study>/runs/``, ``results_dir``).
+Every entry point records through it: ``run.py`` (``start`` ->
 ``Run.record`` / ``Run.record_eval`` per stage -> ``Run.finish`` or ``Run.fail``), the factor search
 (``scripts/search_rope.py``, with ``Run.stage`` timing its phases), the sharded evaluation (``merge``: a row that
 several jobs share, rebuilt under a lock) and the failures before a run exists (``fail_before_compose``,
@@ -124,9 +125,10 @@ def start(cfg, run_dir: str | Path | None = None, names: dict | None = None) -> 
     # rewritten rather than duplicated (training resumes from the checkpoint keyed by the config fingerprint)
     previous = Path(run_dir, "run.json") if run_dir else None
     run_id = _previous_run_id(previous) or results.new_run_id()
+    rows_at = results_dir(cfg)  # the study's folder (a row of no study: the results directory itself)
     run_dir = Path(run_dir or Path(cfg.paths.output_dir) / "runs" / run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg.paths.results_dir, results.new_row(run_id, plain, names, run_dir))
+    run = Run(rows_at, results.new_row(run_id, plain, names, run_dir))
     # registered before its row is written: a SIGTERM landing right after the write finishes this row (``run_guarded``)
     # instead of leaving it ``running`` beside a second, failed row
     STARTED.append(run)
@@ -141,6 +143,17 @@ def start(cfg, run_dir: str | Path | None = None, names: dict | None = None) -> 
         e.row_problem = run.finish(e)
         raise
     return run
+
+
+def results_dir(cfg) -> Path:
+    """Where ``cfg``'s row goes: ``<paths.results_dir>/<study>/`` for a run of a study (the config's
+    ``study.experiment``, ``harness.results.study_dir``), ``<paths.results_dir>`` for a run of no study. A study
+    name that cannot be a folder is one ``ConfigError`` line."""
+    name = OmegaConf.select(cfg, "study.experiment", default=None)
+    try:
+        return results.study_dir(cfg.paths.results_dir, name)
+    except ValueError as e:
+        raise ConfigError(f"study.experiment: {e}") from None
 
 
 def start_or_exit(cfg, run_dir: str | Path | None, names: dict | None, what: str) -> Run:

@@ -175,7 +175,7 @@ def merge(cfg, rdir: Path | None = None, shards: list[Shard] | None = None) -> d
         row["eval_versions"] = versions
         return status, errors
 
-    return lifecycle.merge(cfg.paths.results_dir, rid, fresh, rebuild)
+    return lifecycle.merge(lifecycle.results_dir(cfg), rid, fresh, rebuild)
 
 
 # ------------------------------------------------------------------------------------------------------ running

@@ -1,4 +1,5 @@
-"""``python -m harness.status [results_dir] [--all]`` (``make status``): every row with its state, where a
+"""``python -m harness.status [results_dir] [--all]`` (``make status``): every row with its state (rows of no study,
+``runs/``, then each study's ``<study>/runs/``), where a
 ``running`` row whose process died or whose heartbeat stopped shows as ``stale`` (``harness.results.liveness``).
 Without ``--all``: unfinished and failed rows only.
 
@@ -16,13 +17,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.results import age_s, liveness, read_rows_in
+from harness.results import age_s, liveness, read_rows_in, studies, study_dir
 
 
-def _row_states(results_dir: str) -> list[tuple[dict, str]]:
-    """Every row with its state; a file that is not a row is skipped with a warning (``results.read_rows_in``)."""
-    return [(row, liveness(row, mtime=mtime)) for row, mtime in read_rows_in(Path(results_dir, "runs"),
-                                                                              with_mtime=True)]
+def _folders(results_dir: str) -> list[Path]:
+    """The row folders of a results directory: ``runs/`` (rows of no study), then each study's ``<study>/runs/``."""
+    return [Path(results_dir, "runs")] + [study_dir(results_dir, s) / "runs" for s in studies(results_dir)]
+
+
+def _row_states(results_dir: str, folder: Path | None = None) -> list[tuple[dict, str]]:
+    """Every row (of every folder, or of ``folder``) with its state; a file that is not a row is skipped with a
+    warning (``results.read_rows_in``)."""
+    return [(row, liveness(row, mtime=mtime)) for d in ([folder] if folder else _folders(results_dir))
+            for row, mtime in read_rows_in(d, with_mtime=True)]
 
 
 def _fmt_age(iso) -> str:
@@ -112,12 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results_dir", nargs="?", default=os.environ.get("HARNESS_RESULTS_DIR", "results"))
     p.add_argument("--all", action="store_true", help="list ok rows too")
     a = p.parse_args(argv)
-    rows = _row_states(a.results_dir)
-    counts: dict[str, int] = {}
-    for _, state in rows:
-        counts[state] = counts.get(state, 0) + 1
+    rows = []
+    for folder in _folders(a.results_dir):
+        here = _row_states(a.results_dir, folder)
+        rows += here
+        counts: dict[str, int] = {}
+        for _, state in here:
+            counts[state] = counts.get(state, 0) + 1
+        print(f"{folder}: {len(here)} rows" + (": " if here else "") +
+              ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     shown = [(r, s) for r, s in rows if a.all or s != "ok"]
-    print(f"{a.results_dir}/runs: {len(rows)} rows: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if shown:
         print(f"{'run_id':24s} {'state':8s} {'model/method/train':34s} {'host:pid':24s} {'heartbeat':>9s}  error")
     for r, s in shown:

@@ -18,7 +18,8 @@ The config hash is the one each row records (``harness.results.config_hash`` of 
 the recipe, the suite, the seed. Failed or stale rows never count as done, nor does a fine-tuned row whose
 convergence gate is older than ``harness.evals.convergence.GATE_VERSION`` (the gate is no part of the config, so
 its hash stays the same when only the gate changes): `make study` re-runs exactly those points; the older rows stay
-in ``results/runs`` until moved to ``results/archive/`` (its README). Each point runs in its own process
+in ``results/<study>/runs`` until moved to ``results/archive/`` (its README). Only the study's own rows count
+(``results/<study>/runs/``, the study its experiment names: ``study.experiment``). Each point runs in its own process
 (``python run.py <overrides>``); a failed point is reported and the sweep goes on. A job that does not compose
 (a key a point's config lacks, an unknown option) stops the study before anything runs, with ``run.py -m``'s one line
 and failed row (``harness.precheck.refuse``). Progress, the elapsed time and an
@@ -59,13 +60,13 @@ def plan(argv: list[str], seed: int | None = None) -> tuple[list[dict], str]:
 
     from harness import conf_utils, precheck, sweeps
     from harness.evals.convergence import outdated
-    from harness.results import config_hash, read_rows
+    from harness.results import config_hash, read_rows, study_of
 
     try:
         jobs = sweeps.expand(argv)
     except Exception as e:  # noqa: BLE001 - a malformed override: one line, a failed row, exit 2
         precheck.refuse(e, argv)
-    results_dir = None
+    results_dir = study = None
     out = []
     for ov in jobs:
         try:
@@ -78,11 +79,12 @@ def plan(argv: list[str], seed: int | None = None) -> tuple[list[dict], str]:
         except Exception as e:  # noqa: BLE001 - as `run.py -m`: one line naming the job, a failed row, exit 2
             precheck.refuse(sweeps.SweepJobError(ov, e), argv)
         results_dir = results_dir or str(cfg.paths.results_dir)
+        study = study or study_of(OmegaConf.to_container(cfg, resolve=True))
         h = config_hash(OmegaConf.to_container(cfg, resolve=True))
         label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)
         out.append({"overrides": ov, "hash": h, "label": label, "done": None})
     done, old_gate = {}, {}
-    rows = list(read_rows(results_dir or "results"))
+    rows = list(read_rows(results_dir or "results", study))  # the study's own rows (results/<study>/runs/)
     for r in rows:
         if r.get("status") == "ok" and r.get("config_hash"):
             (old_gate if outdated(r) else done).setdefault(r["config_hash"], r.get("run_id"))
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
     jobs, results_dir = plan(argv, a.seed)
     todo = [j for j in jobs if not j["done"]]
     print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
-          f"config hash in {results_dir}/runs), {len(todo)} to run", flush=True)
+          f"config hash in the study's rows), {len(todo)} to run", flush=True)
     for i, j in enumerate(jobs, 1):
         exp = f"  ~{hms(j['expected_s'])}" if j["expected_s"] is not None else "  ~?"
         state = ("done: " + j["done"] if j["done"] else

@@ -505,11 +505,11 @@ def test_readme_and_findings_md_state_the_counts_the_committed_rows_give():
     (recomputed, never copied): after adding rows, `make findings` and the README sentence follow."""
     from harness.results import read_rows
 
-    md = (ROOT / "results" / "findings.md").read_text()
+    md = (ROOT / "results" / "tiny_study" / "findings.md").read_text()
     raw, holm = re.search(r"Verdicts: ([^.]+)\. After Holm's correction over all \d+ tested parts: ([^.]+)\.",
                           md).groups()
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"(on the committed rows: {raw}; after Holm's correction over all parts: {holm})" in readme
-    rs = RowSet(read_rows(ROOT / "results"), load_spec())
+    rs = RowSet(read_rows(ROOT / "results", "tiny_study"), load_spec())   # the study's own rows only
     fs, _, _ = fd.seeded(rs, fd.study_model(rs))
     assert (fd.count_line(fs), fd.count_line(fs, "holm")) == (raw, holm)

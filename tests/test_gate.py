@@ -178,12 +178,13 @@ def test_study_reruns_a_point_whose_row_has_an_older_gate(tmp_path, monkeypatch)
     st = load_file_module(ROOT / "scripts" / "study.py")
     argv = ["experiment=tiny_study", "point=tiny_study/pi"]
     h = config_hash(OmegaConf.to_container(compose(argv), resolve=True))
-    (tmp_path / "runs").mkdir()
+    runs = tmp_path / "tiny_study" / "runs"   # the study's rows
+    runs.mkdir(parents=True)
     row = {"run_id": "r1", "status": "ok", "config_hash": h, "train_info": {"convergence": {"converged": True}}}
-    (tmp_path / "runs" / "r1.json").write_text(json.dumps(row))
+    (runs / "r1.json").write_text(json.dumps(row))
     (job,), _ = st.plan(argv)
     assert job["hash"] == h and job["done"] is None and job["old_gate"] == "r1"
     row["train_info"]["convergence"]["gate_version"] = convergence.GATE_VERSION
-    (tmp_path / "runs" / "r1.json").write_text(json.dumps(row))
+    (runs / "r1.json").write_text(json.dumps(row))
     (job,), _ = st.plan(argv)
     assert job["done"] == "r1" and job["old_gate"] is None

@@ -64,13 +64,22 @@ def test_the_readme_is_a_front_door():
     assert not re.search(r"\d{8}T\d{6}-[0-9a-f]{6}", README), "a run id in the README: results belong in results/"
 
 
+STUDY = ROOT / "results" / "tiny_study"   # the committed study: its rows in runs/, its tables, findings and page
+
+
 def test_results_readme_is_generated_from_the_committed_files():
-    """results/README.md says what tables/index.md and findings.md say (make tables / make findings write it)."""
+    """Each study's page (results/<study>/README.md) and the index (results/README.md) say what the study's
+    tables/index.md and findings.md say (make tables / make findings write them)."""
+    from harness.results import studies
     from harness.tables.front import verdict_counts
 
-    front = (ROOT / "results" / "README.md").read_text()
-    findings = (ROOT / "results" / "findings.md").read_text()
-    index = (ROOT / "results" / "tables" / "index.md").read_text()
-    assert front.startswith("# Results (generated")
-    assert index.splitlines()[2] in front  # the row counts
-    assert verdict_counts(findings) and all(f"{n} {v}" in front for v, n in verdict_counts(findings).items())
+    assert "tiny_study" in studies(ROOT / "results")
+    top = (ROOT / "results" / "README.md").read_text()
+    assert top.startswith("# Results (generated")
+    front = (STUDY / "README.md").read_text()
+    findings = (STUDY / "findings.md").read_text()
+    index = (STUDY / "tables" / "index.md").read_text()
+    assert front.startswith("# Results of the study `tiny_study` (generated")
+    for page in (front, top):
+        assert index.splitlines()[2] in page  # the row counts
+        assert verdict_counts(findings) and all(f"{n} {v}" in page for v, n in verdict_counts(findings).items())

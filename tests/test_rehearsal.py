@@ -122,10 +122,11 @@ def rehearsal(tmp_path_factory):
     sweep = subprocess.run([sys.executable, "run.py", "-m", "experiment=paper_llama2", "hydra/launcher=submitit_local",
                             f"point={','.join(POINTS)}", *knobs],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
-    rows = [json.loads(f.read_text()) for f in sorted((tmp / "results" / "runs").glob("*.json"))]
+    rows = [json.loads(f.read_text()) for f in sorted((tmp / "results" / "paper_llama2" / "runs").glob("*.json"))]
     tables = None
     if sweep.returncode == 0:
-        _script(env, "scripts/make_tables.py", "--tables", str(tmp / "tables"), "--figures", str(tmp / "figures"))
+        _script(env, "scripts/make_tables.py", "--study", "paper_llama2", "--tables", str(tmp / "tables"),
+                "--figures", str(tmp / "figures"))
         tables = {p.name: p.read_text() for p in (tmp / "tables").glob("*.md")}
     print(f"rehearsal: {time.time() - t0:.0f} s (prepare, sweep, tables)")
     return {"tmp": tmp, "env": env, "sweep": sweep, "rows": rows, "tables": tables,

@@ -23,9 +23,10 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert "1 points, 0 already done" in first.stdout and "1 points run, 0 skipped" in first.stdout
     assert "wall time" in first.stdout and "make findings" in first.stdout
-    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
+    study = tmp_path / "results" / "tiny_study"   # the study's own folder: rows, tables, findings
+    rows = [json.loads(p.read_text()) for p in (study / "runs").glob("*.json")]
     assert len(rows) == 1 and rows[0]["status"] == "ok"
-    assert (tmp_path / "results" / "findings.md").exists() and (tmp_path / "results" / "tables" / "index.md").exists()
+    assert (study / "findings.md").exists() and (study / "tables" / "index.md").exists()
     # the hash the study computes for the point is the one run.py wrote
     h = rows[0]["config_hash"]
     assert f"(config {h})" in first.stdout
@@ -33,7 +34,7 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "1 already done" in second.stdout and f"done: {rows[0]['run_id']}" in second.stdout
     assert "0 points run, 1 skipped" in second.stdout
-    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 1
+    assert len(list((study / "runs").glob("*.json"))) == 1
     # a changed config (another seed) is not the same point: it would run
     dry = subprocess.run(cmd + ["seed=1", "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert dry.returncode == 0 and "0 already done" in dry.stdout and "1 to run" in dry.stdout
@@ -49,7 +50,7 @@ def test_study_jobs_run_points_at_once(tmp_path):
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "2 points run, 0 skipped (done), 0 failed" in r.stdout
-    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "runs").glob("*.json")]
+    rows = [json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny_study" / "runs").glob("*.json")]
     assert sorted(x["method"] for x in rows) == ["base", "ntk_frozen"] and all(x["status"] == "ok" for x in rows)
     # both points were started before either was waited for (row times have 1 s resolution: not a test of overlap)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("== [")]

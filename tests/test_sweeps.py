@@ -122,8 +122,9 @@ def test_tiny_study_two_methods_with_joblib(tmp_path):
            "++train.convergence_check=false"]
     out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [json.loads(f.read_text()) for f in (tmp_path / "results" / "runs").glob("*.json")]
-    assert sorted(r["method"] for r in rows) == ["base", "pi"]
+    rows = [json.loads(f.read_text()) for f in (tmp_path / "results" / "tiny_study" / "runs").glob("*.json")]
+    assert sorted(r["method"] for r in rows) == ["base", "pi"]  # the study's rows, in the study's folder
+    assert not list((tmp_path / "results" / "runs").glob("*.json"))  # none among the rows of no study
     for r in rows:
         assert r["status"] == "ok", r["error"]
         assert set(r["metrics"]) == {"ppl_books", "passkey"}

@@ -228,7 +228,7 @@ def test_table2_layout_and_newest_wins(study):
     assert c.ours == pytest.approx(17.0 * 1.4) and c.paper == 5.95
     assert re.fullmatch(r"23\.80 \[\d+\.\d\d, \d+\.\d\d\] / 5\.95 \(\+17\.85\)", c.markdown())   # bootstrap CI
     assert c.ci[0] < c.ours < c.ci[1] and c.n == 8
-    assert "PI: 2 rows match" in md and "r03-pi-new" in md
+    assert "PI: 2 rows compete for its cells" in md and "taken per cell: the newest" in md and "r03-pi-new" in md
     assert "1 failed run(s) ignored: r11-failed" in md and "unfinished" in md
     # missing cell -> em dash, paper-only row -> "— / paper"
     assert pg["YaRN"][3 + 5].markdown() == f"{DASH} / {DASH}"

@@ -1,10 +1,14 @@
 """Results rows -> table entries: filtering, matching, labels, lengths as multiples of the native window.
 
-A table entry is one configuration: (model, method, method parameters, train, data, eval protocol), where the eval
-protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries; rows without a PPL entry join
-the entry of the same configuration. Only ``status == "ok"`` rows are used; failed and still-running rows are counted
-for a footnote. When several rows of one entry carry a value for the same cell, the newest (``time_end``, then
-``time_start``, then ``run_id``) is used and the table says so in a footnote.
+A table entry is one configuration: (model, method, method parameters, train, data, eval protocol, evaluation
+suite), where the eval protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries and the
+suite is the row's ``eval`` option; rows of another suite that measure nothing the entry measures (no table source in
+common: ``eval=extended`` beside ``eval=tiny``) join the entry of the same configuration, so rows of different suites
+never fill the same cell. Only ``status == "ok"`` rows are used; failed and still-running rows are counted for a
+footnote. When several rows of one entry carry a value for the same cell, they compete (``Pick``): the newest
+(``time_end``, then ``time_start``, then ``run_id``) is taken, except that a newer row with fewer samples for the
+cell than the row it would displace is refused (the older row keeps the cell); the table says which row was taken
+and why in a footnote, and ``RowSet.refusals`` gives one line per refused row naming both files.
 
 Training seeds: rows of one configuration fine-tuned with different seeds (``data.seed`` / ``train.seed``: the
 sample and order of the training mixture and the training RNG; the evaluation prompts follow the global ``seed`` and
@@ -164,6 +168,7 @@ class Entry:
     train: str
     data: str
     protocol: str | None
+    suite: str = ""                            # the rows' evaluation suite (``eval``): never two in one cell
     rows: list = field(default_factory=list)   # ok rows, newest first
     label: str = ""
     suffix: str = ""                           # what tells it apart from other entries with the same label
@@ -172,7 +177,7 @@ class Entry:
 
     @property
     def key(self):
-        return (self.model, self.method, self.params, self.train, self.data, self.protocol)
+        return (self.model, self.method, self.params, self.train, self.data, self.protocol, self.suite)
 
     @property
     def newest(self) -> dict:
@@ -211,12 +216,15 @@ class Pick:
     row: dict | None = None
     entry_key: str | None = None      # suite entry it was read from
     candidates: int = 0               # rows of the entry that had a value for this cell
+    why: str = ""                     # why this row was taken, when others competed for the cell
 
 
 class RowSet:
-    def __init__(self, rows: list[dict], spec: dict, seed: str | None = None, gate: bool = True):
-        """``gate=False``: rows that failed the convergence gate are kept (the findings' sensitivity line)."""
-        self.spec, self.all_rows, self.seed, self.gate = spec, rows, seed, gate
+    def __init__(self, rows: list[dict], spec: dict, seed: str | None = None, gate: bool = True,
+                 runs_dir: str | Path | None = None):
+        """``gate=False``: rows that failed the convergence gate are kept (the findings' sensitivity line).
+        ``runs_dir``: the folder the rows were read from (lines that name a row's file use it)."""
+        self.spec, self.all_rows, self.seed, self.gate, self.runs_dir = spec, rows, seed, gate, runs_dir
         self.failed = [r for r in rows if r.get("status") == "failed"]
         unfinished = [r for r in rows if r.get("status") not in ("ok", "failed")]
         self.stale = [r for r in unfinished if liveness(r) == "stale"]  # killed or lost: will never finish
@@ -235,11 +243,14 @@ class RowSet:
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
-                      str(r.get("data")), ppl_protocol(r, spec))
+                      str(r.get("data")), ppl_protocol(r, spec), str(r.get("eval")))
             groups.setdefault(e.key, e).rows.append(r)
-        # rows without a PPL entry join the (single) entry of the same configuration that has one
+        # rows without a PPL entry join the (single) entry of the same configuration that has one, when the two
+        # measure nothing in common (another suite's rows never fill a cell of this one)
         for k in [k for k in groups if k[5] is None]:
-            partners = [g for g in groups.values() if g.key[:5] == k[:5] and g.protocol is not None]
+            mine = self._sources(groups[k])
+            partners = [g for g in groups.values() if g.key[:5] == k[:5] and g.protocol is not None
+                        and (g.suite == k[6] or not (mine & self._sources(g)))]
             if len(partners) == 1:
                 partners[0].rows = sorted(partners[0].rows + groups.pop(k).rows, key=_sort_time, reverse=True)
         for e in groups.values():  # one training seed per entry (module docstring)
@@ -255,7 +266,12 @@ class RowSet:
         self._all_entries = list(groups.values())   # with those whose shown seed failed the gate (``other_seeds``)
         self.entries: list[Entry] = [e for e in self._all_entries if e.rows]
         self._label()
-        self.dup_notes: dict = {}   # (model, label) -> set of run ids used / superseded
+        self.dup_notes: dict = {}   # (model, label) -> {"used": run ids taken, "rows": n, "why": {reasons}}
+        self._refused: dict = {}    # (refused run id, kept run id) -> the one line that says so
+
+    def _sources(self, e: Entry) -> set:
+        """The table sources (``spec.yaml``) the rows of ``e`` have a suite entry for."""
+        return {src for r in e.rows for src in self.spec["sources"] if self.entry_keys(r, src)}
 
     def _label(self):
         """Short, unique labels: the method's label (``harness.methods.facts``; the base model: its own name; a row of
@@ -266,6 +282,14 @@ class RowSet:
             f = facts(e.method)
             e.label = (f.label if f else e.method).format(model=e.model)
             e.suffix = ""
+        # the same configuration measured by two suites: two table rows, each named by its suite
+        same: dict = {}
+        for e in self.entries:
+            same.setdefault(e.key[:6], []).append(e)
+        for group in same.values():
+            if len({e.suite for e in group}) > 1:
+                for e in group:
+                    e.suffix = f" [eval={e.suite}]"
         by: dict = {}
         for e in self.entries:
             by.setdefault((e.model, e.label), []).append(e)
@@ -310,7 +334,7 @@ class RowSet:
 
     def reseeded(self, seed: str) -> RowSet:
         """The same rows showing training seed ``seed`` wherever an entry has it."""
-        return RowSet(self.all_rows, self.spec, seed, self.gate)
+        return RowSet(self.all_rows, self.spec, seed, self.gate, self.runs_dir)
 
     def for_model(self, model: str) -> list[Entry]:
         return [e for e in self.entries if e.model == model]
@@ -330,9 +354,13 @@ class RowSet:
         return keys
 
     def pick(self, entry: Entry, source: str, getter) -> Pick:
-        """Newest row of ``entry`` for which ``getter(metrics_of_suite_entry, row)`` gives a value."""
+        """The row of ``entry`` whose value ``getter(metrics_of_suite_entry, row)`` fills the cell: of the rows that
+        give one, the newest, unless it has fewer samples for the cell than the row it would displace (then it is
+        refused and the older row keeps the cell; ``refusals``). Going from the oldest to the newest candidate, each
+        displaces the one before unless it has fewer samples (both known: ``cell_samples``)."""
         out = Pick()
-        for r in entry.rows:
+        cands = []
+        for r in entry.rows:   # newest first
             for k in self.entry_keys(r, source):
                 try:
                     v = getter(r["metrics"][k], r)
@@ -340,15 +368,44 @@ class RowSet:
                     v = None
                 if v is None:
                     continue
-                if out.candidates == 0:
-                    out.value, out.row, out.entry_key = v, r, k
-                out.candidates += 1
+                cands.append((v, r, k, cell_samples(r["metrics"][k], v)))
                 break
+        if not cands:
+            return out
+        taken, why = cands[-1], "the only row"
+        for c in reversed(cands[:-1]):   # older -> newer
+            if c[3] is not None and taken[3] is not None and c[3] < taken[3]:
+                self._refuse(c[1], taken[1], c[3], taken[3])
+                why = "more samples than a newer row (refused)"
+                continue
+            taken, why = c, "the newest"
+        out.value, out.row, out.entry_key, out.candidates, out.why = taken[0], taken[1], taken[2], len(cands), why
         if out.candidates > 1:
-            note = self.dup_notes.setdefault((entry.model, entry.label), {"used": set(), "rows": 0})
+            note = self.dup_notes.setdefault((entry.model, entry.label), {"used": set(), "rows": 0, "why": set()})
             note["used"].add(out.row.get("run_id"))
             note["rows"] = max(note["rows"], len(entry.rows))
+            note["why"].add(why)
         return out
+
+    def _refuse(self, new: dict, kept: dict, n_new: int, n_kept: int) -> None:
+        self._refused.setdefault((new.get("run_id"), kept.get("run_id")), (
+            f"refused: {self.row_file(new)} (n = {n_new}, newer) would displace {self.row_file(kept)} "
+            f"(n = {n_kept}) in "
+            f"{new.get('model')}/{method_key(new)}/{new.get('eval')}: fewer samples; the older row keeps its cells"))
+
+    def row_file(self, row: dict) -> str:
+        """The file a row was read from: ``<runs_dir>/<run_id>.json`` (where its study keeps it when unknown)."""
+        if self.runs_dir is not None:
+            return str(Path(self.runs_dir, f"{row.get('run_id')}.json"))
+        from harness.results import study_of
+
+        st = study_of(row)
+        return f"results/{st + '/' if st else ''}runs/{row.get('run_id')}.json"
+
+    def refusals(self) -> list[str]:
+        """One line per newer row refused a cell because it has fewer samples than the row it would displace, naming
+        both files (``make tables`` prints them)."""
+        return [self._refused[k] for k in sorted(self._refused, key=str)]
 
     def footnotes(self, model: str | None = None) -> list[str]:
         notes = []
@@ -359,8 +416,16 @@ class RowSet:
                              f"{e.label} seeds {', '.join(map(str, e.seeds))}, shown: {e.seed}" for e in multi) + ".")
         for (m, label), n in sorted(self.dup_notes.items()):
             if model is None or m == model:
-                notes.append(f"{label}: {n['rows']} rows match (model, method, train, data, eval protocol); the newest "
-                             f"with a value is used per cell ({', '.join(sorted(x for x in n['used'] if x))}).")
+                why = ("; a newer row with fewer samples than the row it would displace is refused" if
+                       any("refused" in w for w in n["why"]) else "")
+                notes.append(f"{label}: {n['rows']} rows compete for its cells (same model, method, train, data, eval "
+                             f"protocol and suite); taken per cell: the newest with a value{why} "
+                             f"({', '.join(sorted(x for x in n['used'] if x))}).")
+        refused = [line for (new, kept), line in sorted(self._refused.items(), key=str)
+                   if model is None or any(r.get("run_id") == new and r.get("model") == model for r in self.all_rows)]
+        if refused:
+            notes.append("Refused (fewer samples than the row they would displace): " + "; ".join(
+                line.removeprefix("refused: ") for line in refused) + ".")
         sup = [r for r in self.superseded if model is None or r.get("model") == model]
         if sup:
             notes.append(f"{len(sup)} row(s) gated by an older convergence gate are superseded by a re-run of the same "
@@ -382,6 +447,29 @@ class RowSet:
             notes.append(f"{len(self.stale)} stale run(s) ignored (status running, but the process is gone or its "
                          f"heartbeat stopped: killed): {ids}.")
         return notes
+
+
+def cell_samples(m: dict, value) -> int | None:
+    """How many samples a cell's value rests on: the ``Est``'s ``n`` when the value is one, else what the suite
+    entry says (``samples_per_length``, ``documents``, or the longest per-sample list it keeps); None when unknown."""
+    n = getattr(value, "n", None)
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    if not isinstance(m, dict):
+        return None
+    for k in ("samples_per_length", "documents", "samples"):
+        if isinstance(m.get(k), int) and not isinstance(m.get(k), bool):
+            return m[k]
+    best = None
+    for k in ("correct", "per_sample"):
+        series = m.get(k)
+        if isinstance(series, dict):
+            for v in series.values():
+                lists = [v] if isinstance(v, list) else [x for x in v.values() if isinstance(x, list)] \
+                    if isinstance(v, dict) else []
+                for xs in lists:
+                    best = max(best or 0, len(xs))
+    return best
 
 
 def converged(row: dict):

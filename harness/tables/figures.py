@@ -75,7 +75,8 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
     try:  # temp file + rename: a full disk keeps the previous figure
         atomic_write(paths[0], lambda f: fig.savefig(f, format="png", dpi=110))
-        atomic_write(paths[1], lambda f: fig.savefig(f, format="pdf"))
+        # no creation date in the PDF: the same rows give the same bytes (a regenerated study diffs clean)
+        atomic_write(paths[1], lambda f: fig.savefig(f, format="pdf", metadata={"CreationDate": None}))
     finally:
         plt.close(fig)
     return paths

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness import lifecycle, results
-from harness.config import ConfigError
 from harness.conf_utils import compose
+from harness.config import ConfigError
 from harness.tables import build_all, build_studies
 from harness.tables.rows import RowSet, load_spec
 from tests.test_tables import make_row
@@ -141,3 +141,16 @@ def test_footnote_says_which_row_was_taken_and_why(tmp_path):
     assert re.search(r"PI: 2 rows compete for its cells \(same model, method, train, data, eval protocol and suite\); "
                      r"taken per cell: the newest with a value \(r2\)", md), md
     assert out["rowset"].refusals() == []
+
+
+def test_findings_compare_on_the_study_suite_only():
+    """A quick look inside a study (eval=quick rows, newer) never stands in for the study's rows in a finding."""
+    from harness.tables import findings as fd
+
+    rows = [make_row(Path("/nonexistent"), f"r{i}-{m}", m, train="none" if m == "base" else "tiny")
+            for i, m in enumerate(("base", "pi", "yarn"))]
+    quick = _fewer(make_row(Path("/nonexistent"), "r9-pi-quick", "pi", t_end="2027-01-01T00:00:00"), 3)
+    quick["eval"] = "quick"
+    ev = fd.Evidence(RowSet(rows + [quick], load_spec()), "tiny_llama")
+    assert ev.suite == "tiny" and ev.other_suites == ["quick"]
+    assert [r["run_id"] for r in ev.entry("pi").rows] == ["r1-pi"]

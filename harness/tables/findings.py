@@ -204,7 +204,11 @@ class Evidence:
 
     def __init__(self, rs: RowSet, model: str):
         self.rs, self.model = rs, model
-        self.entries = rs.for_model(model)
+        # one evaluation suite: the study's (the suite most of the model's configurations ran); rows of another suite
+        # (a quick look with eval=quick inside the study) are never compared with the study's
+        self.suite = rs.main_suite(model)
+        self.entries = [e for e in rs.for_model(model) if e.suite == self.suite]
+        self.other_suites = sorted({e.suite for e in rs.for_model(model) if rs.sources(e)} - {self.suite})
         self.used: dict = {}
         self.needle_source, self.needle_note = self._needle_source()
         self.duplicates = self._duplicates()
@@ -944,6 +948,9 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     for f in fs:
         if f.result == INCONCLUSIVE and ("no rows" in f.reason or "not measurable" in f.reason):
             nt.append(f"- ({f.key}) {f.claim}: {f.reason}.")
+    if ev.other_suites:
+        nt.append(f"- rows of other evaluation suites than the study's (eval={ev.suite}) are not compared with it: "
+                  + ", ".join(f"eval={x}" for x in ev.other_suites) + ".")
     out += nt or ["- nothing: every finding has the rows it needs."]
     out += ["", "## Rows used", ""]
     out += [f"- `{rid}` ({lab})" for rid, lab in sorted(ev.used.items())] or ["- none"]

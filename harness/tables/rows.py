@@ -248,9 +248,9 @@ class RowSet:
         # rows without a PPL entry join the (single) entry of the same configuration that has one, when the two
         # measure nothing in common (another suite's rows never fill a cell of this one)
         for k in [k for k in groups if k[5] is None]:
-            mine = self._sources(groups[k])
+            mine = self.sources(groups[k])
             partners = [g for g in groups.values() if g.key[:5] == k[:5] and g.protocol is not None
-                        and (g.suite == k[6] or not (mine & self._sources(g)))]
+                        and (g.suite == k[6] or not (mine & self.sources(g)))]
             if len(partners) == 1:
                 partners[0].rows = sorted(partners[0].rows + groups.pop(k).rows, key=_sort_time, reverse=True)
         for e in groups.values():  # one training seed per entry (module docstring)
@@ -269,7 +269,7 @@ class RowSet:
         self.dup_notes: dict = {}   # (model, label) -> {"used": run ids taken, "rows": n, "why": {reasons}}
         self._refused: dict = {}    # (refused run id, kept run id) -> the one line that says so
 
-    def _sources(self, e: Entry) -> set:
+    def sources(self, e: Entry) -> set:
         """The table sources (``spec.yaml``) the rows of ``e`` have a suite entry for."""
         return {src for r in e.rows for src in self.spec["sources"] if self.entry_keys(r, src)}
 
@@ -323,6 +323,14 @@ class RowSet:
             name = (e.newest.get("method") or e.method)
             out.append(f"{e.label} = {name}, {tr}" + (f"; {ps}" if ps else ""))
         return out
+
+    def main_suite(self, model: str) -> str | None:
+        """The suite most configurations of ``model`` ran (ties: by name): the study's suite, which the findings
+        compare on (rows of another suite never stand in for it)."""
+        n: dict = {}
+        for e in self.for_model(model):
+            n[e.suite] = n.get(e.suite, 0) + 1
+        return min(n, key=lambda s: (-n[s], s)) if n else None
 
     def models(self) -> list[str]:
         return sorted({e.model for e in self.entries})

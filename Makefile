@@ -65,13 +65,13 @@ plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours,
 submit: setup ## submit a sweep to Slurm and exit (job ids -> results/jobs/; `make status` follows them): EXP=paper_llama2 ARGS=...
 	$(PY) scripts/submit.py experiment=$(or $(EXP),paper_llama2) $(ARGS)
 
-tables: setup ## results/README.md, the paper's tables and figures, regenerated from results/runs/
+tables: setup ## per study: results/<study>/{tables,figures,README.md} from results/<study>/runs/ (rows of no study: results/runs/ -> results/tables, figures)
 	$(PY) scripts/make_tables.py
 
-status: ## list unfinished and failed rows of results/runs/ (killed runs show as stale); ARGS=--all for every row
+status: ## list unfinished and failed rows of results/runs/ and results/<study>/runs/ (killed runs show as stale); ARGS=--all for every row
 	@$(PY) -m harness.status $(ARGS)
 
-findings: setup ## results/findings.md: the paper's 13 findings tested on results/runs/ (coded verdict rule)
+findings: setup ## per study: results/<study>/findings.md, the paper's 13 findings tested on its own rows (coded verdict rule)
 	$(PY) scripts/make_findings.py
 
 export: setup ## every row as one flat table: results/export/results.csv and .parquet (harness/tables/export.py)

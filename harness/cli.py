@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOOLS = {  # tool -> (script, or -m module, what it does)
     "run": ("run.py", "one run (or -m, a sweep): model x method x data x train x eval -> one results row"),
-    "tables": ("scripts/make_tables.py", "results/README.md, the paper's tables and figures from results/runs"),
-    "findings": ("scripts/make_findings.py", "results/findings.md: the paper's findings tested on the rows"),
+    "tables": ("scripts/make_tables.py", "per study: the paper's tables and figures from results/<study>/runs"),
+    "findings": ("scripts/make_findings.py", "per study: the paper's findings tested on its rows"),
     "study": ("scripts/study.py", "the whole tiny study, resumable, then tables and findings"),
     "plan": ("scripts/plan.py", "cost plan of a sweep: memory per rank, tokens, GPU-hours, checkpoint space"),
     "submit": ("scripts/submit.py", "submit a sweep to Slurm and exit (job ids -> results/jobs/)"),

@@ -32,7 +32,8 @@ Methods receive plain arguments from their ``Args`` dataclass (validated against
 
 Facts: what the tables, findings, figures, plan and report know about a method is declared in its YAML under
 ``facts:`` (``label``, ``family``: exact | approximate attention, ``trains``: fine-tuned in the study's protocol,
-``beyond_paper``: not a method of the controlled study) and read through one function, :func:`facts`. A variant that
+``beyond_paper``: not a method of the controlled study; ``color`` and ``marker``: how every figure draws it, the same
+in every figure, run and study) and read through one function, :func:`facts`. A variant that
 is one method under other settings is the YAML or the sweep point that defines it: ``ntk_32k.yaml`` (the class of
 ``ntk_dynamic``), or a point whose ``method: {facts: {key: ntk_64k_2b, label: NTK-64K-2B}}`` names a table row of its
 own (:func:`row_key`). A method registered without facts fails at registration. ``facts`` is not a parameter: it is
@@ -62,6 +63,8 @@ class Facts:
     family: str                 # exact | approximate attention (Table 1's groups)
     trains: bool                # fine-tuned in the study's protocol (False: applied to the frozen model)
     beyond_paper: bool = False  # not studied by the paper: never in a finding's parts, a control beside them
+    color: str | None = None    # its colour in every figure (a colour-blind-safe palette: Paul Tol's "muted")
+    marker: str | None = None   # its matplotlib marker in every figure; (color, marker) is the method's alone
 
 
 def _facts_of(key: str, node, where: str) -> Facts:

@@ -16,13 +16,16 @@ or bands, short labels (the tables' legend says what they stand for).
 
 Three rules hold in every figure, so that a reader can trust what the eye picks up:
 
-- One style per configuration: ``method_styles`` gives each configuration a colour from a colour-blind-safe palette
-  (Paul Tol's "muted") and a marker, in the order the configurations first appear in the rows, grouped by panel (so
-  the members of one panel never share a colour). A configuration looks the same in every panel and figure, and no
-  colour + marker stands for two configurations. Heatmaps use viridis (no red-green contrast).
+- One style per method: its colour (Paul Tol's colour-blind-safe "muted" palette) and marker are the method's facts
+  (``color``, ``marker`` in ``conf/method/<name>.yaml``; ``method_style``), so a method looks the same in every
+  panel, figure, run and study, whatever other rows are drawn; configurations of one method (frozen and fine-tuned,
+  ``#2``) differ by line style (``method_styles``). Heatmaps use viridis (no red-green contrast).
+- No axis clips a curve: limits are set from every point and interval end drawn; where values span more than a
+  factor of ``LOG_RANGE`` (perplexity past the window) the axis is logarithmic.
 - Nothing the tables print as ``n.m.`` is drawn: every figure and panel asks ``estimates.floor``, the rule behind
   each ``n.m.`` (the evaluator's ``floor``, harness.evals).
-- Point labels are placed by adjustText, inside the axes and clear of each other, with a leader line when moved.
+- Point labels are placed by adjustText, inside the axes and clear of each other, with a leader line when moved; in
+  an axes where some labels still overlap after placement, the labels are replaced by a legend.
 
 What is left out (a figure or panel not measurable, a configuration at 0) is listed by ``build_figures`` in the
 notes it returns, so ``results/tables/index.md`` says it.
@@ -32,12 +35,14 @@ from __future__ import annotations
 import math
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 from adjustText import adjust_text
 from matplotlib.colors import to_rgba
@@ -45,6 +50,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from harness import stats
+from harness.methods import facts
 from harness.results import atomic_write
 from harness.tables import estimates as est
 from harness.tables import samples
@@ -55,9 +61,9 @@ from harness.tables.rows import Entry, RowSet, num
 # Paul Tol's "muted" qualitative palette: nine colours told apart under the common colour-vision deficiencies
 PALETTE = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499")
 MARKERS = ("o", "s", "D", "^", "v", "P")       # the second, third, ... pass through the palette
-BASE = {"color": "0.3", "marker": "*"}          # the frozen base model, in every figure
-BASE_LINE = dict(color=BASE["color"], ls="--", lw=1.4)
+LINESTYLES = ("-", "--", ":", "-.")            # configurations of one method: the first, the second, ...
 HEATMAP = "viridis"                              # perceptually uniform, colour-blind safe
+LOG_RANGE = 3.0                                  # values spanning more than this factor: a logarithmic axis
 WIDE_CELL = 0.5                                  # a heatmap cell whose 95% interval is wider than this is hatched
 DRAWN = ("passkey", "niah", "nll", "manyshot", "ppl_pg19")   # the spec.yaml sources some figure draws
 PANELS = ("frozen, exact attention", "frozen, approximate attention", "fine-tuned, exact (the paper's)",
@@ -139,24 +145,43 @@ def style_key(e: Entry) -> tuple[str, str]:
     return e.method, e.suffix
 
 
+def method_style(key: str) -> dict:
+    """``{"color", "marker"}`` of a method (or a variant key): what its facts declare (``color``, ``marker``,
+    ``conf/method/<name>.yaml``), the same in every figure, run and study; a method without them (a plugin) gets a
+    pair from ``PALETTE`` x ``MARKERS`` fixed by its name."""
+    f = facts(key)
+    if f is not None and f.color and f.marker:
+        return {"color": f.color, "marker": f.marker}
+    i = zlib.crc32(str(key).encode()) % (len(PALETTE) * len(MARKERS))
+    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i // len(PALETTE)]}
+
+
 def method_styles(rs: RowSet, paper: Paper) -> dict[tuple[str, str], dict]:
-    """``{style_key: {"color", "marker"}}`` for every configuration of the rows (all models) and every row of the
-    paper's Table 1 we did not run; a configuration with none of the ``DRAWN`` metrics (a factor search) takes
-    none. Order: by panel, then by the time of the configuration's first row, so that the members of one panel get
-    consecutive palette colours (distinct while a panel has at most ``len(PALETTE)`` members). The same rows give
-    the same styles; a configuration added later can shift those of the panels after its own. Colour + marker is
-    unique over ``len(PALETTE) * len(MARKERS)`` configurations."""
+    """``{style_key: {"color", "marker", "ls"}}`` for every configuration of the rows (all models) and every row of
+    the paper's Table 1. Colour and marker are the method's (``method_style``: its facts), so a method looks the same
+    whatever rows are drawn; the line style tells apart configurations of one method (a frozen and a fine-tuned
+    YaRN, ``NTK-F`` and ``NTK-F #2``): solid for the first by the time of its first row, then dashed, dotted,
+    dash-dotted."""
     first: dict = {}
     for e in rs.entries:
-        if _is_base(e) or not any(rs.entry_keys(r, src) for rows in e.by_seed.values() for r in rows
-                                  for src in DRAWN):
+        if _is_base(e):   # the frozen base: BASE, its own dashed grey line
             continue
         t = min(str(r.get("time_start") or r.get("time_end") or "") for rows in e.by_seed.values() for r in rows)
-        first[style_key(e)] = min(first.get(style_key(e), (99, t)), (panel_of(rs, e, paper), t))
-    keys = sorted(first, key=lambda k: (first[k], k))
-    keys += [k for k in dict.fromkeys((r["key"], "") for r in paper.table("table1")["rows"]) if k not in first]
-    n = len(PALETTE)
-    return {k: {"color": PALETTE[i % n], "marker": MARKERS[(i // n) % len(MARKERS)]} for i, k in enumerate(keys)}
+        first[style_key(e)] = min(first.get(style_key(e), t), t)
+    out: dict = {}
+    by_method: dict = {}
+    for k in sorted(first, key=lambda k: (first[k], k)):
+        by_method.setdefault(k[0], []).append(k)
+    for method, keys in by_method.items():
+        for i, k in enumerate(keys):
+            out[k] = {**method_style(method), "ls": LINESTYLES[i % len(LINESTYLES)]}
+    for k in dict.fromkeys((r["key"], "") for r in paper.table("table1")["rows"]):
+        out.setdefault(k, {**method_style(k[0]), "ls": "-"})
+    return out
+
+
+BASE = {**method_style("base"), "ls": "--"}    # the frozen base model, in every figure (its facts' grey star)
+BASE_LINE = dict(color=BASE["color"], ls="--", lw=1.4)
 
 
 def _style(styles: dict, e: Entry) -> dict:
@@ -170,6 +195,23 @@ def _grid_axes(n: int, ncol: int = 3, w: float = 4.6, h: float = 3.4):
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     return fig, list(axes.flat)[:n]
+
+
+def _fit_y(ax, lo: float, hi: float, floor0: bool = False) -> None:
+    """Y limits that hold every value from ``lo`` to ``hi`` with a margin; logarithmic when the values are positive
+    and span more than ``LOG_RANGE`` (a curve that explodes past the window keeps the others readable)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return
+    if lo > 0 and hi / lo > LOG_RANGE and not floor0:
+        ax.set_yscale("log")
+        ax.set_ylim(lo / 1.08, hi * 1.08)
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))   # 2, 5, 20, 50, ... between the decades
+    else:
+        pad = 0.05 * (hi - lo) or 0.05 * max(abs(hi), 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
 
 
 def _legend_below(ax) -> None:
@@ -205,7 +247,7 @@ def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
             st = _style(styles, e)
             ax.errorbar([f * off for f, _ in pts], [x.value for _, x in pts], yerr=_yerr(pts), capsize=1.5,
                         elinewidth=0.9, ecolor=to_rgba(st["color"], 0.5), marker=st["marker"], ms=4.5, lw=1.4,
-                        color=st["color"], label=e.label)
+                        ls=st.get("ls", "-"), color=st["color"], label=e.label)
             n_seen |= {x.n for _, x in pts if x.n}
             if e.train_len and c:
                 trains.add(e.train_len / c)
@@ -233,6 +275,75 @@ def _yerr(pts):
     return [lo, hi]
 
 
+# -- every evaluator's headline metric by length (any model, any rows) ------------------------------------------------
+LENGTH_SOURCES = ("ppl_pg19", "ppl_proofpile", "passkey", "niah", "ruler", "babilong", "helmet_recall", "longbench_v2")
+
+
+def _length_lines(rs: RowSet, model: str, source: str) -> list:
+    """[(entry, [(factor, Est)])] of every configuration of ``model`` with ``source``'s headline metric by length."""
+    metric = est.metric(rs, source)
+    out = []
+    for e in sorted(rs.for_model(model), key=lambda e: (not _is_base(e), e.label)):
+        pts = [(f, x) for f in est.lengths_of(rs, e, source, metric)
+               if (x := est.at(rs, e, source, f)) is not None and x.value is not None and math.isfinite(x.value)]
+        if pts:
+            out.append((e, pts))
+    return out
+
+
+def length_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
+    """``lengths_<model>``: one panel per evaluator with a headline metric by length (perplexity, passkey, NIAH,
+    RULER, BABILong, HELMET recall, LongBench v2: ``LENGTH_SOURCES``), every configuration of the model (a hub
+    model's as much as the study's) as one line with its 95% interval at each length, in its method's colour and
+    marker. An evaluator at the floor for the model gets no panel (``estimates.floor``, as the tables' ``n.m.``);
+    perplexity is on a logarithmic axis where it spans more than ``LOG_RANGE``. A legend below, never point labels."""
+    panels = []
+    for src in LENGTH_SOURCES:
+        if src not in rs.spec["sources"]:
+            continue
+        lines = _length_lines(rs, model, src)
+        if lines and _measurable(rs, model, src, f"lengths_{model}, {src} panel", notes):
+            panels.append((src, lines))
+    if not panels:
+        return []
+    styles = method_styles(rs, paper)
+    fig, axes = _grid_axes(len(panels), ncol=3, w=4.8, h=3.6)
+    c = panels[0][1][0][0].native_ctx
+    handles: dict = {}
+    for ax, (src, lines) in zip(axes, panels):
+        xs_all, ys_all, ns, units, kinds = [], [], set(), set(), set()
+        for i, (e, pts) in enumerate(lines):
+            st = _style(styles, e)
+            off = 2 ** (0.025 * (i - (len(lines) - 1) / 2))   # dodge the bars of one length apart
+            xs = [f * off for f, _ in pts]
+            ys = [x.value for _, x in pts]
+            h = ax.errorbar(xs, ys, yerr=_yerr(pts), color=st["color"], marker=st["marker"], ls=st.get("ls", "-"),
+                            ms=4.5, lw=1.3, capsize=1.5, elinewidth=0.9, ecolor=to_rgba(st["color"], 0.5),
+                            label=e.label)
+            handles.setdefault(e.label, h)
+            xs_all += xs
+            ys_all += ys + [v for _, x in pts if x.ci for v in (x.lo, x.hi)]
+            ns |= {x.n for _, x in pts if x.n}
+            units |= {x.unit for _, x in pts if x.unit}
+            kinds |= {x.kind for _, x in pts}
+        fs = sorted({f for _, pts in lines for f, _ in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(fs, [f"{f:g}C" for f in fs])
+        ax.minorticks_off()
+        ax.set_xlim(min(xs_all) / 1.25, max(xs_all) * 1.25)
+        _fit_y(ax, min(ys_all), max(ys_all), floor0="ppl" not in kinds)
+        what = f"{src} ({est.metric(rs, src)})"
+        n = ", ".join(str(k) for k in sorted(ns))
+        ax.set_title(f"{what}; n = {n or '?'} {'/'.join(sorted(units))} per point", fontsize=9)
+        ax.set_xlabel(f"length (C = {c} tokens)", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.legend(handles=list(handles.values()), labels=list(handles), loc="outside lower center",
+               ncol=min(6, max(1, len(handles))), fontsize=8, frameon=False)
+    _suptitle(fig, f"Every evaluator's headline metric by length ({model}); bars: 95% intervals (Wilson for "
+              "accuracies, Student t over documents for perplexity); one colour and marker per method")
+    return _save(fig, out_dir, f"lengths_{model}")
+
+
 # -- NLL by position ------------------------------------------------------------------------------------------------
 def _nll(rs: RowSet, e: Entry):
     p = rs.pick(e, "nll", lambda m, r: m if m.get("positions") and m.get("nll") else None)
@@ -258,20 +369,23 @@ def nll_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list)
         ys = np.asarray([num(y) for y in m["nll"]], float)
         line = ax.plot(xs, ys, **kw)[0]
         lo, hi = m.get("ci_lo"), m.get("ci_hi")
+        ends = [ys]
         if isinstance(lo, list) and isinstance(hi, list) and all(v is not None for v in lo + hi):
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
             banded = True
+            ends += [np.asarray(lo, float), np.asarray(hi, float)]
         if m.get("documents"):
             docs.add(int(m["documents"]))
-        ylo.append(np.nanpercentile(ys, 2))
-        yhi.append(np.nanpercentile(ys, 98))
+        ylo.append(min(np.nanmin(v) for v in ends))   # every value and band end: no curve leaves the axes
+        yhi.append(max(np.nanmax(v) for v in ends))
 
     for ax, (title, members) in zip(axes, panels):
         if base is not None:
             draw(ax, base, label=f"{base.label} (base)", **BASE_LINE)
         for i, e in enumerate(members):   # markers staggered: lines on top of each other still show theirs
             st = _style(styles, e)
-            draw(ax, e, label=e.label, lw=1.2, color=st["color"], marker=st["marker"], ms=4, markevery=(i % 4, 4))
+            draw(ax, e, label=e.label, lw=1.2, color=st["color"], ls=st.get("ls", "-"), marker=st["marker"], ms=4,
+                 markevery=(i % 4, 4))
         ax.axvline(1, color="0.5", ls=":", lw=1)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
@@ -279,9 +393,8 @@ def nll_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list)
         ax.set_xlabel(f"token position / C (C = {c} tokens)", fontsize=9)
         ax.set_ylabel("mean NLL (nats)", fontsize=9)
     if ylo:
-        pad = 0.05 * (max(yhi) - min(ylo))
         for ax in axes:
-            ax.set_ylim(min(ylo) - pad, max(yhi) + pad)
+            _fit_y(ax, min(ylo), max(yhi))
     band = ("bands: 95% bootstrap over documents" if banded else
             "no bands: these rows keep only the mean over documents (per-document NLL not recorded)")
     nd = ", ".join(str(d) for d in sorted(docs))
@@ -438,7 +551,7 @@ def manyshot_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: 
     for e, pts, row in lines:
         st = _style(styles, e)
         ln = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=st["marker"], color=st["color"],
-                     label=e.label, ls="-" if family(rs, e)[0] == "exact" else "--")[0]
+                     label=e.label, ls=st.get("ls", "-"))[0]
         ci = [samples.interval_for(row, [ev.registered_name], list(rec["score"]), {rec["length"]: x}, None, y)
               for x, y in pts] if rec else [None]
         if all(c is not None for c in ci):
@@ -448,7 +561,7 @@ def manyshot_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: 
     ax.set_xscale("log")
     ax.set_xlabel("number of examples in context")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"Many-shot in-context learning, TREC ({model}); dashed: approximate attention" +
+    ax.set_title(f"Many-shot in-context learning, TREC ({model})" +
                  ("; bands: bootstrap 95%" if banded else "; no bands: per-sample records not available"),
                  fontsize=9)
     ax.legend(fontsize=8)
@@ -543,6 +656,37 @@ def _place_labels(fig, placed: list) -> None:
         adjust_text(texts, x=xs, y=ys, target_x=xs, target_y=ys, ax=ax, expand=(1.2, 1.5), force_text=(0.4, 0.8),
                     force_static=(0.3, 0.6), iter_lim=2000, prevent_crossings=False, ensure_inside_axes=True,
                     arrowprops=dict(arrowstyle="-", color="0.45", lw=0.6))
+        if _overlapping(ax, texts):   # labels that cannot be placed apart: a legend instead
+            _labels_to_legend(ax, texts)
+
+
+def _overlapping(ax, texts) -> bool:
+    """Whether two labels of the axes still overlap, or one leaves the axes, after placement."""
+    r = ax.figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in texts]
+    inside = ax.get_window_extent(r)
+    if any(b.x0 < inside.x0 - 1 or b.x1 > inside.x1 + 1 or b.y0 < inside.y0 - 1 or b.y1 > inside.y1 + 1
+           for b in boxes):
+        return True
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def _labels_to_legend(ax, texts) -> None:
+    """Remove the point labels (and their leader lines) and name the points in a legend below the axes, each with
+    its point's colour and marker."""
+    from matplotlib.text import Annotation
+
+    names = [t.get_text() for t in texts]
+    for t in texts:
+        t.remove()
+    for a in [c for c in ax.get_children() if isinstance(c, Annotation)]:
+        a.remove()
+    handles = []
+    for lab, cont in zip(names, list(ax.containers)[:len(names)]):   # one errorbar container per point, in order
+        line = cont[0]
+        handles.append(Line2D([], [], ls="", marker=line.get_marker(), color=line.get_color(),
+                              mfc=line.get_markerfacecolor(), mec=line.get_markeredgecolor(), label=lab))
+    ax.legend(handles=handles, fontsize=6.5, loc="best", ncol=2 if len(handles) > 8 else 1, framealpha=0.85)
 
 
 def scatter_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
@@ -607,7 +751,7 @@ def scatter_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
     return _save(fig, out_dir, f"ppl_vs_downstream_{model}")
 
 
-FIGURES = (passkey_figure, depth_figure, manyshot_figure, nll_figure, scatter_figure)
+FIGURES = (length_figure, passkey_figure, depth_figure, manyshot_figure, nll_figure, scatter_figure)
 
 
 def build_figures(rs: RowSet, paper: Paper, out_dir: str | Path, errors: list | None = None,

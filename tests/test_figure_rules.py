@@ -1,0 +1,131 @@
+"""Figures for any rows (issue 45): every point and interval inside its axes, and each method's colour and marker
+taken from its facts, the same whatever rows are drawn."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.colors import to_hex
+from matplotlib.lines import Line2D
+
+from harness.methods import METHODS, facts
+from harness.tables.paper import Paper
+from harness.tables.rows import RowSet, load_spec
+from tests.test_tables import make_row
+
+
+def _draw(monkeypatch, rows) -> dict:
+    """Every figure of ``rows``: ``{figure name: figure}`` (``_save`` replaced by a collector; nothing written)."""
+    from harness.tables import figures
+
+    figs: dict = {}
+
+    def keep(fig, out_dir, name):
+        fig.canvas.draw()
+        figs[name] = fig
+        return []
+
+    monkeypatch.setattr(figures, "_save", keep)
+    figures.build_figures(RowSet(rows, load_spec()), Paper(), "unused")
+    return figs
+
+
+def _outside(ax) -> list:
+    """Data points (lines, error bars, bands) of ``ax`` outside its limits."""
+    (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+    tol_x, tol_y = 1e-9 * max(1.0, abs(x1)), 1e-9 * max(1.0, abs(y1))
+    pts = []
+    for a in ax.get_children():
+        if isinstance(a, Line2D):
+            xy = np.column_stack([np.asarray(a.get_xdata(), float), np.asarray(a.get_ydata(), float)]) \
+                if len(a.get_xdata()) else np.zeros((0, 2))
+            if a.get_transform() != ax.transData:   # an axes-fraction line (a reference), not data
+                continue
+            pts.append(xy)
+        elif isinstance(a, LineCollection):
+            pts += [np.asarray(s, float) for s in a.get_segments()]
+        elif isinstance(a, PolyCollection):
+            pts += [np.asarray(p.vertices, float) for p in a.get_paths()]
+    bad = []
+    for xy in pts:
+        for x, y in xy:
+            if not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            if x < x0 - tol_x or x > x1 + tol_x or y < y0 - tol_y or y > y1 + tol_y:
+                bad.append((x, y))
+    return bad
+
+
+def _styles(figs: dict) -> dict:
+    """{legend label: {(colour, marker)}} over every figure."""
+    out: dict = {}
+    for fig in figs.values():
+        for ax in fig.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                line = h[0] if isinstance(h, tuple) else h
+                out.setdefault(lab, set()).add((to_hex(line.get_color()), line.get_marker()))
+        for leg in fig.legends:
+            for h, t in zip(leg.legend_handles, leg.get_texts()):
+                line = h[0] if isinstance(h, tuple) else h
+                if hasattr(line, "get_marker") and line.get_marker() not in (None, "None", ""):
+                    out.setdefault(t.get_text(), set()).add((to_hex(line.get_color()), line.get_marker()))
+    return out
+
+
+def _rows(tmp, which: tuple, explode: bool = False) -> list[dict]:
+    rows = []
+    for m in which:
+        r = make_row(tmp, f"{m}-row", m, train="none" if m in ("base", "self_extend", "lm_infinite") else "tiny")
+        if explode and m == "base":   # the base's perplexity explodes past the window: 20 -> 20,000
+            for k in ("ppl_books", "ppl_code"):
+                e = r["metrics"].get(k)
+                if e:
+                    order = sorted(e["ppl"], key=int)
+                    e["ppl"] = {L: e["ppl"][L] * 10 ** i for i, L in enumerate(order)}
+                    e["per_sample"] = {L: [x + i * math.log(10) for x in e["per_sample"][L]]
+                                       for i, L in enumerate(order)}
+            nll = r["metrics"].get("nll_by_position")
+            if nll:
+                nll["nll"] = [v * (1 + 4 * i / len(nll["nll"])) for i, v in enumerate(nll["nll"])]
+        rows.append(r)
+    return rows
+
+
+def test_no_point_or_interval_outside_its_axes(tmp_path, monkeypatch):
+    figs = _draw(monkeypatch, _rows(tmp_path, ("base", "pi", "yarn", "self_extend", "longlora"), explode=True))
+    assert {"lengths_tiny_llama", "nll_tiny_llama", "passkey_tiny_llama"} <= set(figs)
+    for name, fig in figs.items():
+        for ax in fig.axes:
+            bad = _outside(ax)
+            assert not bad, (name, ax.get_title(), bad[:5], ax.get_xlim(), ax.get_ylim())
+    plt.close("all")
+
+
+def test_each_method_keeps_its_colour_and_marker_across_row_sets(tmp_path, monkeypatch):
+    """Two `make tables` runs with different rows: every method drawn in both has the colour and marker of its facts
+    in both (the old styles were assigned by the order of the rows, so adding a row recoloured others)."""
+    one = _styles(_draw(monkeypatch, _rows(tmp_path, ("base", "yarn", "self_extend"))))
+    plt.close("all")
+    two = _styles(_draw(monkeypatch, _rows(tmp_path, ("base", "pi", "ntk_dynamic", "longlora", "self_extend",
+                                                     "yarn", "abf"))))
+    plt.close("all")
+    for label in ("YaRN", "Self-Extend"):
+        assert one[label] == two[label] and len(one[label]) == 1, (label, one[label], two[label])
+        f = facts({"YaRN": "yarn", "Self-Extend": "self_extend"}[label])
+        assert one[label] == {(f.color.lower(), f.marker)}
+
+
+def test_every_method_declares_its_own_colour_and_marker_from_the_palette():
+    from harness.methods import variants
+    from harness.tables.figures import PALETTE
+
+    keys = list(METHODS.names()) + [pf["key"] for _, pf in variants().values()]
+    seen: dict = {}
+    for k in dict.fromkeys(keys):
+        f = facts(k)
+        assert f.color and f.marker, f"{k}: facts without color / marker"
+        assert f.color.upper() in PALETTE or k == "base", (k, f.color)   # the base: neutral grey
+        assert (f.color.upper(), f.marker) not in seen, (k, seen.get((f.color.upper(), f.marker)))
+        seen[(f.color.upper(), f.marker)] = k

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness import progress as plog
 from harness import results, search
 from harness.config import AUTOCAST, ConfigError, to_args
 from harness.data import build_data, check_budget
 from harness.evals import EvalContext, build_evaluators, check_lengths, check_suite
 from harness.evals import max_length as eval_max_length
+from harness.evals._progress import EvalProgress
 from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
@@ -158,6 +160,7 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     measured inside its window first (``harness.evals.convergence``), so that the fine-tuned row can be compared with
     it on the same documents and prompts. ``before_extend(handle)`` lets a caller measure the base model too
     (learning curves). ``suite``: the evaluators the model must fit (default: the config's ``eval.suite``)."""
+    t0 = plog.stage("load", f"model={cfg.model.get('name')} method={cfg.method.get('name')}")
     device = check_device(cfg.get("device", "auto"))
     if suite is None:
         suite = Suite.of(cfg)
@@ -175,12 +178,16 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
         from harness.evals import convergence
 
         # the gate's own held-out prompts and books, derived from the run seed (never the suite's)
+        tg = plog.stage("convergence gate, the base at C")
         handle.info["baseline_at_C"] = convergence.measure(handle, run_seed=int(cfg.seed),
-                                                           autocast=str(cfg.get("autocast", "auto")))
+                                                           autocast=str(cfg.get("autocast", "auto")),
+                                                           progress=EvalProgress(terminal=False))
+        plog.done("convergence gate, the base at C", tg)
     if before_extend is not None:
         before_extend(handle)
     set_backend(handle.model, attention_args(cfg).backend)
     method.apply(handle)
+    plog.done("load", t0, f"{handle.info.get('name') or cfg.model.get('name')} on {device}")
     return handle
 
 
@@ -192,7 +199,10 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         return None
     fingerprint = resume_key(cfg)
     ckpt_dir = Path(cfg.paths.ckpt_dir) / fingerprint
+    t0 = plog.stage("data", f"data={cfg.data.get('name')}: {a.tokens} tokens in sequences of {a.seq_len}")
     chunks = build_data(cfg.data, handle.tokenizer, a.seq_len, a.tokens)
+    plog.done("data", t0, f"{len(chunks)} sequences")
+    t0 = plog.stage("fine-tune", f"{a.steps()} steps of {a.global_batch} x {a.seq_len} tokens, engine {a.engine}")
     if a.engine == "deepspeed":
         from harness.train.deepspeed_engine import launch
 
@@ -201,22 +211,28 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    plog.done("fine-tune", t0)
     # the method's own stage on the tuned model, before the gate sees it (LongRoPE: its short factors' search)
     info.update(method.after_finetune(handle, StageContext(Path(run_dir), int(cfg.seed),
                                                            str(cfg.get("autocast", "auto")), search)) or {})
     if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
         from harness.evals import convergence
 
+        tg = plog.stage("convergence gate, the fine-tuned model at C")
         tuned = convergence.measure(handle, method, run_seed=int(cfg.seed),
-                                    autocast=str(cfg.get("autocast", "auto")))
+                                    autocast=str(cfg.get("autocast", "auto")), progress=EvalProgress(terminal=False))
         info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
+        plog.done("convergence gate, the fine-tuned model at C", tg,
+                  "passed" if info["convergence"].get("converged") else "NOT passed")
     out = Path(run_dir) / "checkpoint"
+    tg = plog.stage("checkpoint", str(out))
     handle.model.save_pretrained(out)
     handle.tokenizer.save_pretrained(out)
     save_method(out, method)
     from harness.train.checkpoint import share
 
     share(out)  # safetensors writes the weights 0600: teammates read them as they read rows (the umask's mode)
+    plog.done("checkpoint", tg)
     info["checkpoint"] = str(out)
     return info
 
@@ -258,9 +274,15 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
     for key, ev in zip(suite.nodes, suite.evaluators):
         ctx.entry = key
-        t0 = time.time()
+        lengths = getattr(ev.args, "lengths", None)
+        t0 = plog.stage(f"eval {key}", f"{getattr(ev, 'registered_name', type(ev).__name__)}"
+                        + (f", lengths {list(lengths)}" if lengths else ""))
+        if progress is not None and hasattr(progress, "begin"):
+            progress.begin(key)   # the entry's clock starts now: its times include its first prompt
         out = ev.run(handle, method, ctx)
-        yield key, out, round(time.time() - t0, 2), eval_version(ev)
+        seconds = round(time.time() - t0, 2)
+        plog.done(f"eval {key}", t0)
+        yield key, out, seconds, eval_version(ev)
 
 
 def eval_world_size(cfg, handle=None) -> int:

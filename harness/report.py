@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from harness import progress as plog
 from harness.evals._progress import EvalProgress  # noqa: F401 - run.py's evaluation progress, beside the training bar
 
 console = Console(stderr=True)  # progress, warnings, errors
@@ -13,20 +14,38 @@ out = Console()  # results: the summary table and the row path
 
 
 class TrainProgress:
-    """The fine-tuning bar (``progress(step, total, loss, tokens_per_s, lr)``); ``on_step`` also gets every step
-    (``tracking``: loss, learning rate and tokens/s to wandb)."""
+    """Fine-tuning progress (``progress(step, total, loss, tokens_per_s, lr)``): a plain line (``harness.progress``)
+    at the first step, then every ``HARNESS_PROGRESS_S`` seconds and at the last, with loss, tokens/s, the elapsed
+    time and an estimate of what is left, in a terminal and in a pipe alike; on a terminal a rich bar as well.
+    ``on_step`` also gets every step (``tracking``: loss, learning rate and tokens/s to wandb)."""
 
-    def __init__(self, on_step=None):
+    def __init__(self, on_step=None, terminal: bool | None = None, every_s: float | None = None):
         self.on_step = on_step
+        self.terminal = console.is_terminal if terminal is None else terminal
+        self.ticker = plog.Ticker(every_s)
+        self.t0 = None
         self.p = Progress(TextColumn("fine-tune"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                           TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
                           TimeRemainingColumn(), console=console, transient=False,
-                          refresh_per_second=2)  # its render thread: ~0.8% of a core at rich's default 10 Hz
+                          refresh_per_second=2) if self.terminal else None  # no live display in a pipe
         self.task = None
 
     def __call__(self, step, total, loss, tps, lr=None):
+        import time
+
         if self.on_step is not None:
             self.on_step(step, total, loss, tps, lr)
+        now = time.time()
+        if self.t0 is None:
+            self.t0 = now
+        elapsed = now - self.t0
+        left = elapsed / max(1, step - 1) * (total - step) if step > 1 else None
+        self.ticker.tick(lambda: f"fine-tune: step {step}/{total}, loss {loss:.3f}, {tps:.0f} tok/s"
+                         + (f", lr {lr:.2e}" if lr is not None else "") + f", {elapsed:.0f} s"
+                         + (f", ~{left:.0f} s left" if left is not None and step < total else ""),
+                         force=step >= total)
+        if self.p is None:
+            return
         if self.task is None:
             self.p.start()
             self.task = self.p.add_task("train", total=total, loss=loss, tps=tps)

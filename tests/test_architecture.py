@@ -14,8 +14,8 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A unit is a top-level module (``results``) or a package (``evals``: all its modules).
 FLOORS = [
-    ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "memory", "results", "stats",
-                "tracking"}),
+    ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "memory", "progress", "results",
+                "stats", "tracking"}),
     ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
     ("components", {"models", "methods", "data"}),
     ("consumers", {"evals", "train"}),

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from harness import progress
 from harness.config import ConfigError
 from harness.registry import Registry
 
@@ -93,8 +94,10 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
             if arr is not None:
                 return arr
             print(f"warning: data cache {path} is unusable ({why}); rebuilding it", file=sys.stderr, flush=True)
+        t0 = progress.stage(f"data cache {path.name}", f"building {n_tokens} tokens in sequences of {seq_len}")
         out = build()
         arr, stats = out if isinstance(out, tuple) else (out, None)
+        progress.done(f"data cache {path.name}", t0, f"{arr.shape[0]} sequences")
         tag = f"{os.getpid()}-{secrets.token_hex(3)}"
         tmp, tmp_meta = path.with_name(f".{path.stem}.{tag}.tmp.npy"), path.with_name(f".{path.stem}.{tag}.tmp.json")
         try:

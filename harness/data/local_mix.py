@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from harness import progress
 from harness.config import ConfigError
 from harness.data import DATA, DataArgs, cached_chunks
 from harness.data.mixture import mixture_stats, pack, sample_mixture
@@ -49,7 +50,10 @@ class LocalMix:
         enc = lambda t: tokenizer(t, add_special_tokens=False).input_ids  # noqa: E731
         out: dict[str, list[list[int]]] = {}
         rng = random.Random(a.seed)
+        ticker = progress.Ticker()   # a line at once, then every HARNESS_PROGRESS_S seconds: the counts so far
         for src in a.shares:
+            ticker.tick(f"data local_mix: {sum(len(d) for d in out.values())} documents tokenised; now {src}",
+                        force=True)
             if src == "synthetic":
                 texts = [d.text for d in load_source("shakespeare", "train")[:4]]
                 filler = FillerFactory(texts, a.seed)
@@ -59,14 +63,17 @@ class LocalMix:
                 if unknown:
                     raise ConfigError(f"data=local_mix: unknown synthetic kinds {unknown} (known: {sorted(KINDS)})")
                 docs = []
-                for _ in range(a.synthetic_docs):  # log-uniform lengths: many short, some as long as seq_len
+                for k in range(a.synthetic_docs):  # log-uniform lengths: many short, some as long as seq_len
+                    ticker.tick(lambda k=k: f"data local_mix: synthetic {k}/{a.synthetic_docs} documents")
                     budget = int(32 * (max(seq_len, 64) / 32) ** rng.random())
                     kind = rng.choices(kinds, weights)[0]
                     docs.append(enc(synthetic_document(rng, filler, budget, count, kind=kind)))
                 out[src] = docs
             else:
                 docs = []
-                for d in load_source(src, "train"):
+                for k, d in enumerate(load_source(src, "train")):
+                    ticker.tick(lambda k=k, src=src, docs=docs: f"data local_mix: {src}: {k} texts read, {len(docs)} "
+                                                                f"documents tokenised")
                     ids = enc(d.text)
                     # cut long texts into documents of random length <= doc_tokens (a mix of short and long)
                     i = 0

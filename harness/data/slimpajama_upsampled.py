@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import progress
 from harness.config import ConfigError
 from harness.data import DATA, DataArgs, cached_chunks
 from harness.data.mixture import Pick, keep_probability, mixture_stats, pack, source_budgets
@@ -168,7 +169,11 @@ class SlimPajamaUpsampled:
         docs: dict[str, list[np.ndarray]] = {s: [] for s in budgets}
         picks: list[Pick] = []
         seen = {s: {"documents": 0, "est_tokens": 0, "est_long_tokens": 0} for s in budgets}
+        ticker = progress.Ticker()   # a line at once, then every HARNESS_PROGRESS_S seconds: the counts so far
         for src, text in records:
+            ticker.tick(lambda: f"data slimpajama_upsampled: {sum(v['documents'] for v in seen.values()):,} documents "
+                                f"read, {len(picks):,} kept, {sum(got.values()):,} of {sum(budgets.values()):,} "
+                                "tokens")
             if src not in budgets or got[src] >= budgets[src]:
                 continue
             est = estimate_tokens(text, a.chars_per_token)

@@ -71,9 +71,11 @@ def gate_suite(C: int, run_seed: int, docs_dir: str | Path, docs: int, prompts: 
             gate_seed(run_seed))
 
 
-def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast: str = "auto") -> dict:
+def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast: str = "auto",
+            progress=None) -> dict:
     """Per-document NLL (the held-out books, YaRN protocol, length C) and per-prompt passkey correctness at C (the
-    gate's template and seed), with the held-out set they came from."""
+    gate's template and seed), with the held-out set they came from. ``progress``: told of every prompt, as the
+    suite's evaluators tell it (``EvalProgress``; entries ``gate <evaluator>``)."""
     C = int(handle.native_ctx)
     books = [doc for doc in gate_documents()  # the protocol's filter, applied here so that the record names them
              if len(handle.tokenizer(doc.text, add_special_tokens=False).input_ids) >= C]
@@ -82,8 +84,11 @@ def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast:
         for doc in books:
             (Path(d) / "books" / doc.name).write_text(doc.text, encoding="utf-8")
         suite, seed = gate_suite(C, run_seed, Path(d) / "books", len(books), prompts)
-        ctx = EvalContext(run_dir=Path(d) / "run", seed=seed, autocast=autocast)
-        for ev in build_evaluators(suite):
+        ctx = EvalContext(run_dir=Path(d) / "run", seed=seed, autocast=autocast, progress=progress)
+        for key, ev in zip(suite, build_evaluators(suite)):
+            ctx.entry = f"gate {key}"
+            if progress is not None and hasattr(progress, "begin"):
+                progress.begin(ctx.entry)
             ev.run(handle, method, ctx)
         nll = [json.loads(x)["nll"] for x in ctx.samples_path("ppl_yarn").read_text().splitlines() if x.strip()]
         ok = [bool(json.loads(x)["correct"]) for x in ctx.samples_path("passkey").read_text().splitlines()

@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from harness import lifecycle, pipeline, precheck, report, shards, tracking
+from harness.tables import export
 from harness.train import Terminated
 
 
@@ -38,7 +39,7 @@ def main(cfg: DictConfig) -> None:
     row = run.row
     tracker = tracking.NULL
     try:
-        tracker = tracking.start(cfg, row)
+        tracker = tracking.start(cfg, row, table_lines=export.flatten)  # wandb: results as export's lines
         s = pipeline.setup(cfg)                                                   # 0. every group, fail fast
         handle = pipeline.load_and_extend(cfg, s.method, s.train, suite=s.suite)  # 1. model + method
         run.record(model_info=handle.facts())                                     #    (what ran, where)

@@ -63,3 +63,37 @@ def test_make_export_writes_csv_and_parquet_and_skips_stray_files(tmp_path):
     pq = pd.read_parquet(tmp_path / "export" / "results.parquet")
     assert list(csv.columns) == list(COLUMNS) and len(csv) == len(pq) == 2 * len(flatten(_row("r", "m", METRICS)))
     assert set(pq["status"]) == {"ok", "failed"} and set(pq["method"]) == {"yarn", "pi"}
+
+
+def test_the_data_dictionary_documents_every_column_in_order():
+    """docs/export.md's table names exactly the export's columns, in order, each with a type and a meaning."""
+    import re
+
+    doc = (ROOT / "docs" / "export.md").read_text().split("## Columns", 1)[1]
+    rows = [ln.split("|")[1:-1] for ln in doc.splitlines() if ln.startswith("| `")]
+    assert [re.fullmatch(r"\s*`([a-z_]+)`\s*", r[0]).group(1) for r in rows] == list(COLUMNS)
+    assert all(len(r) == 3 and r[1].strip() and len(r[2].strip()) > 10 for r in rows)
+
+
+def test_columns_for_the_study_the_suite_and_the_method_parameters(tmp_path):
+    """A study's rows (its folder; a row that records its study) and the rows of no study are all exported, each line
+    saying its study, its suite and the method's parameters (JSON)."""
+    from harness.tables.export import frame
+
+    study_row = _row("s1", "yarn", METRICS)
+    study_row["config"]["study"] = {"experiment": "my_study"}
+    study_row.update(eval="tiny", method_params={"name": "yarn", "factor": 16.0})
+    legacy = _row("s2", "pi", METRICS)   # no study recorded: its folder is its study
+    loose = _row("l1", "base", METRICS)
+    loose["eval"] = "quick"
+    for folder, rows in ((tmp_path / "my_study" / "runs", (study_row, legacy)), (tmp_path / "runs", (loose,))):
+        folder.mkdir(parents=True)
+        for r in rows:
+            (folder / f"{r['run_id']}.json").write_text(json.dumps(r))
+    df = frame(tmp_path)
+    by = df.groupby("run_id").first()
+    assert by.loc["s1", "study"] == "my_study" and by.loc["s2", "study"] == "my_study"
+    assert by.loc["l1", "study"] is None or pd.isna(by.loc["l1", "study"])
+    assert (by.loc["s1", "suite"], by.loc["l1", "suite"]) == ("tiny", "quick")
+    assert json.loads(by.loc["s1", "method_params"]) == {"factor": 16.0, "name": "yarn"}
+    assert list(df.columns) == list(COLUMNS)

@@ -1,12 +1,15 @@
-"""`make export`: every row of a results directory as one flat table, one line per run x suite entry x metric x
-length, for pandas / R / spreadsheets (the shape of HELMET's ``collect_results.py`` output and RULER's
-``summary.csv``). Written to ``<results>/export/results.csv`` and ``results.parquet`` (atomic, like every output).
+"""`make export`: every row of a results directory (every study's, ``<results>/<study>/runs/``, and the rows of no
+study, ``<results>/runs/``) as one flat table, one line per run x suite entry x metric x length, for pandas / R /
+spreadsheets (the shape of HELMET's ``collect_results.py`` output and RULER's ``summary.csv``). Written to
+``<results>/export/results.csv`` and ``results.parquet`` (atomic, like every output).
 
-Columns: the run (``run_id``, ``status``, ``converged`` = the convergence gate's verdict of a fine-tuned row, None
-when frozen), its configuration (``model``, ``method``, ``row`` = the tables' method key, e.g. ``ntk_32k``,
-``data``, ``train``, ``seed`` = the training seed, None when frozen; ``eval_seed``; ``native_ctx``), the measurement
-(``entry`` = the suite key, ``evaluator``, ``metric``, ``length``, ``length_over_c``, ``value``, ``ci_low``,
-``ci_high``, ``n``) and provenance (``config_hash``, ``git_sha``, ``time_end``).
+Columns (``COLUMNS``; each one's type and meaning: the data dictionary, ``docs/export.md``, checked against
+``COLUMNS`` by ``tests/test_export.py``): the run (``run_id``, ``status``, ``converged``), where it belongs
+(``study``: the study it declares or whose folder it sits in, empty for a row of no study; ``suite``: the
+evaluation suite, the row's ``eval``), its configuration (``model``, ``method``, ``row``, ``method_params`` as
+JSON, ``data``, ``train``, ``seed``, ``eval_seed``, ``native_ctx``), the measurement (``entry``, ``evaluator``,
+``metric``, ``axis``, ``x``, ``length``, ``length_over_c``, ``value``, ``ci_low``, ``ci_high``, ``n``) and
+provenance (``config_hash``, ``git_sha``, ``time_end``).
 
 What becomes a line: every metric of an entry whose value maps evaluation lengths to numbers (``{"512": 0.98}``),
 and one level deeper for per-task metrics (RULER's ``tasks``, as ``tasks.<task>``); an entry scored once over a
@@ -22,14 +25,15 @@ a failed run measured before it failed is still a measurement.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from harness.results import atomic_write, read_rows
+from harness.results import atomic_write, read_rows, studies, study_of
 from harness.tables.rows import converged, method_key, native_ctx, training_seed
 
-COLUMNS = ("run_id", "status", "converged", "model", "method", "row", "data", "train", "seed", "eval_seed",
-           "native_ctx", "entry", "evaluator", "metric", "axis", "x", "length", "length_over_c", "value", "ci_low",
-           "ci_high", "n", "config_hash", "git_sha", "time_end")
+COLUMNS = ("run_id", "status", "converged", "study", "suite", "model", "method", "row", "method_params", "data",
+           "train", "seed", "eval_seed", "native_ctx", "entry", "evaluator", "metric", "axis", "x", "length",
+           "length_over_c", "value", "ci_low", "ci_high", "n", "config_hash", "git_sha", "time_end")
 
 
 def _by_length(v) -> bool:
@@ -53,13 +57,18 @@ def _ci(table, length: str):
     return (ci[0], ci[1]) if isinstance(ci, (list, tuple)) and len(ci) == 2 else (None, None)
 
 
-def flatten(row: dict) -> list[dict]:
-    """The lines of one row (see the module docstring)."""
+def flatten(row: dict, study: str | None = None) -> list[dict]:
+    """The lines of one row (see the module docstring). ``study``: the study whose folder the row was read from
+    (a row that records its study says it itself)."""
     cfg = row.get("config") or {}
     suite = (cfg.get("eval") or {}).get("suite") or {}
     c = native_ctx(row)
+    params = row.get("method_params")
     base = {"run_id": row.get("run_id"), "status": row.get("status"), "converged": converged(row),
-            "model": row.get("model"), "method": row.get("method"), "row": method_key(row), "data": row.get("data"),
+            "study": study_of(row) or study, "suite": row.get("eval"),
+            "model": row.get("model"), "method": row.get("method"), "row": method_key(row),
+            "method_params": json.dumps(params, sort_keys=True, default=str) if isinstance(params, dict) else None,
+            "data": row.get("data"),
             "train": row.get("train"), "seed": training_seed(row), "eval_seed": cfg.get("seed"), "native_ctx": c,
             "config_hash": row.get("config_hash"), "git_sha": row.get("git_sha"), "time_end": row.get("time_end")}
     out = []
@@ -104,9 +113,11 @@ def _line(base, key, evaluator, metric, axis, x, value, lo, hi, n, c) -> dict:
 
 
 def frame(results_dir: str | Path):
+    """Every line of every row: the rows of no study, then each study's (``harness.results.studies``)."""
     import pandas as pd
 
-    lines = [line for row in read_rows(results_dir) for line in flatten(row)]
+    lines = [line for study in [None, *studies(results_dir)] for row in read_rows(results_dir, study)
+             for line in flatten(row, study)]
     return pd.DataFrame(lines, columns=list(COLUMNS))
 
 

@@ -654,3 +654,30 @@ def test_a_part_held_by_a_ceiling_says_so():
     assert q.limit == ""
     z = [0] * 10
     assert fd._part_prop("x - y", est([z]), est([z]), "x", "y").limit == "floor: both 0.00"
+
+
+def test_lm_infinite_flatness_is_read_over_every_window_clustered_by_book():
+    """(f) with a row that scored every window of the books (``ppl`` all_windows): the part is the ratio over all
+    windows with the interval clustered by book (here decisive, while the first window of each book alone would not
+    be), the first-window part beside it; the row is listed as used."""
+    rows = world("paper")
+    rng = np.random.default_rng(3)
+    g8 = np.repeat(np.arange(8), 5)
+    g1 = np.repeat(np.arange(8), 40)
+    book = rng.normal(0, 0.2, 8)
+    nll8 = 4.0 + book[g8] + rng.normal(0, 0.02, len(g8))
+    nll1 = 4.0 + book[g1] + rng.normal(0, 0.02, len(g1))
+    win = {"ppl": {str(C): math.exp(nll1.mean()), str(8 * C): math.exp(nll8.mean())}, "protocol": "yarn",
+           "all_windows": True, "per_sample": {str(C): list(nll1), str(8 * C): list(nll8)},
+           "window_doc": {str(C): [int(x) for x in g1], str(8 * C): [int(x) for x in g8]}, "documents": 8}
+    lmi = next(r for r in rows if r["run_id"] == "lm_infinite-f")
+    extra = json.loads(json.dumps({k: v for k, v in lmi.items() if k != "metrics"}))
+    extra.update(run_id="lm_infinite-windows", metrics={"ppl_windows": win}, time_end="2026-01-02T00:00:00")
+    extra["config"]["eval"] = {"name": "windows", "suite": {"ppl_windows": {"name": "ppl"}}}
+    got = verdicts(rows + [extra])["f"]
+    p = got.parts[0]
+    assert p.what.startswith("LM-Infinite: PPL 8C / PPL C, every window (40 of 8C, 320 of C, 8 books; clustered")
+    assert p.ident == "LM-Infinite: PPL 8C / PPL C" and p.verdict() == fd.REPRODUCED and p.alt_name == "cluster bootstrap"
+    assert got.controls and got.controls[0].what.endswith("first window of each book")
+    rs = RowSet(rows + [extra], load_spec())
+    assert "`lm_infinite-windows`" in fd.report(rs, "tiny_llama")

@@ -343,6 +343,21 @@ class Evidence:
             return None
         return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler", "average")])
 
+    def windows(self, e: Entry | None, f: float):
+        """(per-window mean NLLs, their documents) at f x C from a row of ``e`` that scored every window of the books
+        (``ppl`` with ``all_windows``), the newest; None without one."""
+        for r in (e.rows if e is not None else []):
+            c = native_ctx(r)
+            for m in (r.get("metrics") or {}).values():
+                if not (isinstance(m, dict) and m.get("all_windows") and c):
+                    continue
+                L = str(int(round(f * c)))
+                xs, ds = (m.get("per_sample") or {}).get(L), (m.get("window_doc") or {}).get(L)
+                if isinstance(xs, list) and isinstance(ds, list) and len(xs) == len(ds) and xs:
+                    self.used.setdefault(r.get("run_id"), e.label)
+                    return xs, ds
+        return None
+
     def needle_name(self) -> str:
         return {"niah": "NIAH", "passkey": "passkey (NIAH not measurable at this scale)"}.get(
             self.needle_source or "", self.needle_note)
@@ -638,8 +653,9 @@ def f_e(ev: Evidence, paper: Paper) -> Finding:
 
 def f_f(ev: Evidence, paper: Paper) -> Finding:
     f = Finding("f", "LM-Infinite keeps PPL flat but fails retrieval outside its local window",
-                f"PPL (books) at 8C / PPL at C, same documents (flat: < {PPL_FLAT}); passkey accuracy at C minus at "
-                "2C..16C pooled (the needle mostly outside the local window)",
+                f"PPL (books) at 8C / PPL at C, the same books, every non-overlapping window where the rows have them "
+                f"(interval clustered by book), else the first window of each (flat: < {PPL_FLAT}); passkey accuracy "
+                "at C minus at 2C..16C pooled (the needle mostly outside the local window)",
                 "Table 2 PG19: 6.30 at 4k, 6.71 at 32k (x1.07); Fig. 1 / Sec. 6: fails to retrieve beyond 4k")
     f.evidence = ("paper: Table 2 PG19 perplexity and Fig. 1 NIAH (Sec. 6) \u2192 ours: PPL on the held-out books; "
                   f"{ev.needle_name()}")
@@ -647,8 +663,23 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
     if e is None:
         f.parts = [Part("LM-Infinite", why="no rows: lm_infinite (frozen)")]
         return f.decide()
-    f.parts.append(_ppl_part("LM-Infinite: PPL 8C / PPL C", ev.at(e, "ppl_pg19", TRAIN_F), ev.at(e, "ppl_pg19", 1.0),
-                             -1, PPL_FLAT))
+    # the longest length up to 8C the rows have (the real-model track stops at 2C)
+    far = max([x for x in est.lengths_of(ev.rs, e, "ppl_pg19", "ppl") if 1 < x <= TRAIN_F] or [TRAIN_F])
+    tag = f"LM-Infinite: PPL {far:g}C / PPL C"
+    first = _ppl_part(tag, ev.at(e, "ppl_pg19", far), ev.at(e, "ppl_pg19", 1.0), -1, PPL_FLAT)
+    wa, wb = ev.windows(e, far), ev.windows(e, 1.0)
+    ci = stats.cluster_ppl_ratio(wa[0], wa[1], wb[0], wb[1]) if wa and wb else None
+    if ci is not None:
+        (xa, ga), (xb, gb) = wa, wb
+        books = len(set(ga) & set(gb))
+        f.parts.append(Part(f"{tag}, every window ({len(xa)} of {far:g}C, {len(xb)} of C, {books} books; clustered "
+                            "by book)", ci, -1, PPL_FLAT, "", 3,
+                            lambda lv: stats.cluster_ppl_ratio(xa, ga, xb, gb, level=lv),
+                            stats.cluster_ppl_ratio(xa, ga, xb, gb, "bootstrap"), "cluster bootstrap", key=tag))
+        first.what += ", first window of each book"
+        f.controls.append(first)
+    else:
+        f.parts.append(first)
     src = ev.needle_source
     if src is None:
         f.parts.append(Part("retrieval C - beyond", why=ev.needle_note))

@@ -677,7 +677,52 @@ def test_lm_infinite_flatness_is_read_over_every_window_clustered_by_book():
     got = verdicts(rows + [extra])["f"]
     p = got.parts[0]
     assert p.what.startswith("LM-Infinite: PPL 8C / PPL C, every window (40 of 8C, 320 of C, 8 books; clustered")
-    assert p.ident == "LM-Infinite: PPL 8C / PPL C" and p.verdict() == fd.REPRODUCED and p.alt_name == "cluster bootstrap"
+    assert p.ident == "LM-Infinite: PPL 8C / PPL C" and p.verdict() == fd.REPRODUCED
+    assert p.alt_name == "cluster bootstrap"
     assert got.controls and got.controls[0].what.endswith("first window of each book")
     rs = RowSet(rows + [extra], load_spec())
     assert "`lm_infinite-windows`" in fd.report(rs, "tiny_llama")
+
+
+def _real(method: str, acc: list, nll: list, key: str | None = None) -> dict:
+    """A frozen row of a real model (C = 8192) at C and 2C: passkey over 20 prompts, PPL on 4 books."""
+    c, n = 8192, 20
+    lengths = [c, 2 * c]
+    correct = {str(L): [int(v) for v in np.random.default_rng(sum(map(ord, key or method)) + L).permutation(
+        [1] * int(round(a * n)) + [0] * (n - int(round(a * n))))] for L, a in zip(lengths, acc)}
+    per = {str(L): list(m + np.array([0.1, -0.1, 0.05, -0.05]) + noise(f"{key or method}{L}")[:4] -
+                        noise(f"{key or method}{L}")[:4].mean()) for L, m in zip(lengths, nll)}
+    metrics = {"passkey": {"accuracy": {L: sum(v) / n for L, v in correct.items()}, "correct": correct,
+                           "samples_per_length": n},
+               "ppl_books": {"ppl": {L: math.exp(float(np.mean(v))) for L, v in per.items()}, "per_sample": per,
+                             "protocol": "yarn", "documents": 4}}
+    return {"schema": 1, "run_id": f"real-{key or method}", "status": "ok", "model": "smollm2_135m", "method": method,
+            "data": "local_mix", "train": "none", "eval": "real_frozen", "method_params": {"name": method},
+            "train_info": None, "metrics": metrics, "time_start": "2026-01-01T00:00:00",
+            "time_end": "2026-01-01T01:00:00", "timings": {"eval.passkey": 1800.0},
+            "config": {"model": {"name": "smollm2_135m", "native_ctx": c}, "train": {"enabled": False},
+                       "eval": {"name": "real_frozen", "suite": {"passkey": {"name": "passkey"},
+                                                                 "ppl_books": {"name": "ppl"}}},
+                       "study": {"experiment": "smollm2_frozen", "row": method}},
+            "config_hash": f"h-{method}", "run_dir": None}
+
+
+def test_the_real_model_frozen_track_has_its_own_section():
+    """Frozen rows of a second model (SmolLM2, C = 8192, at C and 2C) get a section of their own with (e), (f), (g)
+    (the findings that need no fine-tuning), their own Holm family, the miniature's verdict beside, and each row's
+    timings; (f) reads PPL 2C / PPL C (the track's longest length), and (g)'s 2C - 4C part has no rows at 4C."""
+    real = [_real("base", [1.0, 0.0], [3.0, 4.5]), _real("ntk_frozen", [1.0, 0.9], [3.0, 3.1]),
+            _real("self_extend", [1.0, 0.95], [3.0, 3.05]), _real("lm_infinite", [1.0, 0.1], [3.0, 3.02])]
+    rs = RowSet(world("paper") + real, load_spec())
+    rep = fd.report(rs, "tiny_llama")
+    sec = rep.split("## Real model, frozen: smollm2_135m", 1)[1].split("\n## ", 1)[0]
+    assert "Verdicts on smollm2_135m: " in sec and "a family of its own" in sec and "study smollm2_frozen" in sec
+    lines = {ln[:4]: ln for ln in sec.splitlines() if ln.startswith("| (")}
+    assert set(lines) == {"| (e", "| (f", "| (g"}
+    assert "LM-Infinite: PPL 2C / PPL C" in lines["| (f"] and lines["| (f"].endswith("| reproduced |")
+    assert "NTK-F at 2C - at 4C, passkey: \u2014 (no rows" in lines["| (g"]
+    assert "`real-lm_infinite` (LM-Infinite, lengths 8192, 16384): passkey 1800 s; wall 1.00 h" in sec
+    # the main verdicts are the miniature's alone
+    assert fd.count_line(fd.seeded(rs, "tiny_llama")[0]) == fd.count_line(fd.seeded(RowSet(world("paper"),
+                                                                                              load_spec()),
+                                                                                       "tiny_llama")[0])

@@ -1115,6 +1115,64 @@ def _gate_documents(rs: RowSet, model: str) -> str:
         f"version {v}: {len(rows)} rows, {GATE_SETS.get(v, 'unknown set')}" for v, rows in sorted(by.items())) + "."
 
 
+REAL_FINDINGS = ("e", "f", "g")   # the findings whose parts read frozen configurations only
+
+
+def real_model_sections(rs: RowSet, main: str, paper: Paper | None, main_fs: list[Finding]) -> list[str]:
+    """A section per other model whose configurations are all frozen (the real-model frozen track, e.g. SmolLM2-135M
+    in the study ``smollm2_frozen``): the findings that need no fine-tuning, ``REAL_FINDINGS``, on its rows (Holm's
+    correction over that section's parts: a family of its own), beside the main model's verdicts."""
+    paper = paper or Paper()
+    out = []
+    for m in rs.models():
+        ents = rs.for_model(m)
+        if m == main or len(ents) < 2 or not all(e.frozen for e in ents):
+            continue
+        ev = Evidence(rs, m)
+        fs = correct([fn(ev, paper) for fn in FINDINGS if fn.__name__.removeprefix("f_") in REAL_FINDINGS])
+        studies = sorted({str(((r.get("config") or {}).get("study") or {}).get("experiment") or "?")
+                          for e in ents for r in e.rows})
+        c = ents[0].native_ctx
+        lengths = sorted({x for e in ents for x in est.lengths_of(rs, e, "passkey", "accuracy")})
+        n_parts = sum(1 for f in fs for p in f.parts if p.holm)
+        mine = {f.key: f for f in main_fs}
+        out += ["", f"## Real model, frozen: {m}", "",
+                f"Rows of {m} (native window C = {c} tokens; study {', '.join(studies)}; passkey at "
+                f"{', '.join(f'{x:g}C' for x in lengths) or 'no length yet'}): no fine-tuning, so the findings about "
+                f"frozen methods only, {', '.join(f'({k})' for k in REAL_FINDINGS)}, each on the evidence it can "
+                f"read here and beside the verdict on {main}. Verdicts on {m}: {count_line(fs)}; after Holm's "
+                f"correction over its {n_parts} tested parts (a family of its own): {count_line(fs, 'holm')}.", "",
+                f"| finding | evidence: paper \u2192 ours | ours on {m} (95% CI) \u2192 part verdict | "
+                f"verdict on {m} | verdict on {main} |", "|:--|:--|:--|:--|:--|"]
+        for f in fs:
+            ours = "<br>".join([_md(p.text()) for p in f.parts] + [_md("beside: " + n) for n in f.notes] +
+                               [_md("not in the verdict: " + p.text(tag=False)) for p in f.controls])
+            v = f"**{f.result}**" + (f" ({_md(f.reason)})" if f.reason else "") + f"<br>Holm: {f.holm}"
+            other = mine.get(f.key)
+            out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.evidence)} | {ours} | {v} | "
+                       f"{other.result if other else DASH} |")
+        out += ["", f"Rows of {m} and their timings (seconds per evaluator; the row's wall time):", ""]
+        for e in ents:
+            for r in e.rows:
+                t = r.get("timings") or {}
+                lens = sorted({L for mm in (r.get("metrics") or {}).values() if isinstance(mm, dict)
+                               for L in (mm.get("accuracy") or mm.get("ppl") or {})}, key=lambda x: int(x))
+                out.append(f"- `{r.get('run_id')}` ({e.label}, lengths {', '.join(lens) or '?'}): "
+                           + (", ".join(f"{k.removeprefix('eval.')} {v:.0f} s" for k, v in t.items()) or "no timings")
+                           + f"; wall {_wall(r)}")
+    return out
+
+
+def _wall(row: dict) -> str:
+    from datetime import datetime
+
+    try:
+        dt = datetime.fromisoformat(row["time_end"]) - datetime.fromisoformat(row["time_start"])
+    except (KeyError, TypeError, ValueError):
+        return "?"
+    return f"{dt.total_seconds() / 3600:.2f} h"
+
+
 def study_model(rs: RowSet) -> str | None:
     """The model with the most configurations (the study's model)."""
     ms = rs.models()
@@ -1258,6 +1316,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
         if f.result == INCONCLUSIVE and ("no rows" in f.reason or "not measurable" in f.reason):
             nt.append(f"- ({f.key}) {f.claim}: {f.reason}.")
     out += nt or ["- nothing: every finding has the rows it needs."]
+    out += real_model_sections(rs, model, paper, fs)
     out += ["", "## Rows used", ""]
     out += [f"- `{rid}` ({lab})" for rid, lab in sorted(ev.used.items())] or ["- none"]
     notes = rs.footnotes(model)

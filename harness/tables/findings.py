@@ -409,10 +409,10 @@ def _why_est(x, what: str) -> str:
 
 
 def _limit(a, b) -> str:
-    """"ceiling: both 1.00 at 3 of 5 lengths" when at half the lengths or more (matched by length where both sides
-    pool the same ones, else as a whole) both sides of a difference of 0..1 scores are at the top on every sample (or
-    both at 0: a floor): there the interval cannot leave 0 whatever the number of prompts, so an inconclusive part
-    says that it is held by the scale, not by noise."""
+    """"ceiling: both within one prompt of 1.00 at 3 of 5 lengths" when at half the lengths or more (matched by
+    length where both sides pool the same ones, else as a whole) both sides of a difference of 0..1 scores are at the
+    top on every sample but at most one (or both at 0 but at most one: a floor): there the two sides can differ by
+    one prompt at most, so an inconclusive part says that it is held by the scale, not by noise."""
     if a is None or b is None or a.samples is None or b.samples is None:
         return ""
 
@@ -424,11 +424,12 @@ def _limit(a, b) -> str:
     ba, bb = blocks(a), blocks(b)
     if not (a.keys and a.keys == b.keys and len(ba) == len(bb)):
         ba, bb = [a.samples], [b.samples]
-    top = [all(v >= 1.0 for v in x) and all(v >= 1.0 for v in y) for x, y in zip(ba, bb)]
-    bottom = [all(v <= 0.0 for v in x) and all(v <= 0.0 for v in y) for x, y in zip(ba, bb)]
+    top = [sum(v < 1.0 for v in x) <= 1 and sum(v < 1.0 for v in y) <= 1 for x, y in zip(ba, bb)]
+    bottom = [sum(v > 0.0 for v in x) <= 1 and sum(v > 0.0 for v in y) <= 1 for x, y in zip(ba, bb)]
     for name, hit, val in (("ceiling", top, "1.00"), ("floor", bottom, "0.00")):
         if sum(hit) and 2 * sum(hit) >= len(hit):
-            return f"{name}: both {val}" + (f" at {sum(hit)} of {len(hit)} lengths" if len(hit) > 1 else "")
+            return f"{name}: both within one prompt of {val}" + (f" at {sum(hit)} of {len(hit)} lengths"
+                                                                   if len(hit) > 1 else "")
     return ""
 
 

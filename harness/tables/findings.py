@@ -960,17 +960,19 @@ GATE_BIAS = {
 }
 
 
-def evaluate(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence]:
+def evaluate(rs: RowSet, model: str, paper: Paper | None = None,
+             all_rows: tuple | None = None) -> tuple[list[Finding], Evidence]:
     """Every finding on the rows of ``rs`` (one training seed), Holm's correction over all their parts. A finding in
-    ``GATE_QUANTITY`` is read on the same rows with the gate-failed ones put back."""
+    ``all_rows`` (default: ``GATE_QUANTITY``) is read on the same rows with the gate-failed ones put back."""
     paper = paper or Paper()
+    all_rows = tuple(GATE_QUANTITY) if all_rows is None else all_rows
     ev = Evidence(rs, model)
     ev_all = Evidence(RowSet(rs.all_rows, rs.spec, rs.seed, gate=False), model) if rs.gate else ev
     fs = []
     for fn in FINDINGS:
         key = fn.__name__.removeprefix("f_")
-        f = fn(ev_all if key in GATE_QUANTITY else ev, paper)
-        f.all_rows = key in GATE_QUANTITY
+        f = fn(ev_all if key in all_rows else ev, paper)
+        f.all_rows = key in all_rows
         fs.append(f)
     if ev_all is not ev:
         for rid, lab in ev_all.used.items():
@@ -1000,14 +1002,15 @@ SEED_RULE = ("a part is reproduced (contradicted) across training seeds when it 
              "of it")
 
 
-def seeded(rs: RowSet, model: str, paper: Paper | None = None) -> tuple[list[Finding], Evidence, dict]:
+def seeded(rs: RowSet, model: str, paper: Paper | None = None,
+           all_rows: tuple | None = None) -> tuple[list[Finding], Evidence, dict]:
     """``evaluate`` on the rows shown, then on each other training seed, then compared part by part (``SEED_RULE``):
     each part's verdict across seeds, each finding's verdict from those, raw and after Holm by one rule. Returns
     (findings, evidence of the shown seed, {seed: that seed's raw finding verdicts})."""
-    fs, ev = evaluate(rs, model, paper)
+    fs, ev = evaluate(rs, model, paper, all_rows)
     others = {}
     for s in rs.other_seeds(model):
-        other, ev_s = evaluate(rs.reseeded(s), model, paper)
+        other, ev_s = evaluate(rs.reseeded(s), model, paper, all_rows)
         others[s] = other
         for rid, lab in ev_s.used.items():
             ev.used.setdefault(rid, f"{lab}, seed {s}")
@@ -1194,6 +1197,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     model = model or study_model(rs) or DEFAULT_MODEL   # no rows: every finding "inconclusive (no rows: ...)"
     fs, ev, per_seed = seeded(rs, model, paper)
     gate_off = sensitivity(rs, model, paper)
+    gate_on = [f.result for f in seeded(rs, model, paper, all_rows=())[0]]   # every finding on gated rows
     n_gated = sum(1 for r in rs.unconverged if r.get("model") == model)
     c = None
     for e in ev.entries:
@@ -1272,10 +1276,9 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
             + _gate_documents(rs, model), "",
             "| finding | read on | how the gate could bias it | verdict on gated rows | on all rows |",
             "|:--|:--|:--|:--|:--|"]
-    for f, off in zip(fs, gate_off):
+    for f, off, on in zip(fs, gate_off, gate_on):
         out.append(f"| ({f.key}) | {'all rows (the gate measures what it tests)' if f.all_rows else 'gated rows'} | "
-                   f"{_md(GATE_BIAS[f.key])} | {DASH if f.all_rows else f.result} | "
-                   f"{f.result if f.all_rows else off} |")
+                   f"{_md(GATE_BIAS[f.key])} | {on} | {off} |")
     if ev.duplicates:
         out += ["", "## Duplicate configurations", "",
                 "Configurations with identical per-prompt Needle outcomes at every length are one configuration in "

@@ -322,7 +322,8 @@ class Evidence:
         tasks = sorted({t for e in self.entries for r in e.rows for k in self.rs.entry_keys(r, "ruler")
                         for t in ((r["metrics"][k] or {}).get("tasks") or {})})
         n = fl.base.n if fl.base is not None else None
-        return True, (f"{RULER_STYLE} ({', '.join(tasks)}" + (f"; n = {n} samples per length" if n else "") + ")")
+        return True, (f"{RULER_STYLE} ({', '.join(tasks)}" + (f"; the base at C: n = {n} samples" if n else "")
+                      + ")")
 
     def ruler(self, e: Entry | None, f: float):
         """RULER-style average at f x C as a 0..1 score (0/1 per sample where every task is a single match), so that

@@ -271,6 +271,46 @@ def ppl_ratio(a: Sequence[float], b: Sequence[float], method: str = SMALL_N,
     return None if est is None else tuple(math.exp(v) for v in est)
 
 
+def cluster_ppl_ratio(a: Sequence[float], ga: Sequence, b: Sequence[float], gb: Sequence, method: str = "t",
+                      level: float = LEVEL, resamples: int = RESAMPLES,
+                      seed: int = SEED) -> tuple[float, float, float] | None:
+    """(PPL_a / PPL_b, lo, hi) for per-window mean NLLs ``a`` and ``b`` whose windows come from documents ``ga`` /
+    ``gb`` (the same documents, cut into windows of two lengths): PPL = exp(mean window NLL), and the interval treats
+    the windows of one document as dependent (clustered by document). ``t``: the cluster-robust (CR1) standard error
+    of the difference of the two means, Student t with G - 1 degrees of freedom (G documents); ``bootstrap``:
+    documents resampled with replacement, all their windows with them (percentile). None with fewer than
+    ``MIN_DOCS`` documents in common."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ga, gb = np.asarray(ga), np.asarray(gb)
+    docs = sorted(set(ga.tolist()) & set(gb.tolist()))
+    if len(docs) < MIN_DOCS or len(a) != len(ga) or len(b) != len(gb):
+        return None
+    keep_a, keep_b = np.isin(ga, docs), np.isin(gb, docs)
+    a, ga, b, gb = a[keep_a], ga[keep_a], b[keep_b], gb[keep_b]
+    d = float(a.mean() - b.mean())
+    g = len(docs)
+    if method == "t":
+        u = np.array([(a[ga == k] - a.mean()).sum() / len(a) - (b[gb == k] - b.mean()).sum() / len(b) for k in docs])
+        se = math.sqrt(g / (g - 1) * float((u ** 2).sum()))
+        from scipy.stats import t as student
+
+        h = float(student.ppf(0.5 + level / 2, g - 1)) * se
+        return math.exp(d), math.exp(d - h), math.exp(d + h)
+    if method == "bootstrap":
+        rng = np.random.default_rng(seed)
+        sa = {k: a[ga == k] for k in docs}
+        sb = {k: b[gb == k] for k in docs}
+        reps = np.empty(resamples)
+        for i in range(resamples):
+            pick = rng.integers(0, g, g)
+            xa = np.concatenate([sa[docs[j]] for j in pick])
+            xb = np.concatenate([sb[docs[j]] for j in pick])
+            reps[i] = xa.mean() - xb.mean()
+        lo, hi = _quantiles(reps, level)
+        return math.exp(d), math.exp(float(lo)), math.exp(float(hi))
+    raise ValueError(f"cluster_ppl_ratio: unknown method {method!r} (t, bootstrap)")
+
+
 # -- rank correlation ---------------------------------------------------------------------------------------------
 def _ranks(x: np.ndarray) -> np.ndarray:
     order = np.argsort(x, kind="mergesort")

@@ -16,7 +16,7 @@ under both orders, simulated from those seconds: an estimate from recorded runs,
 The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
 ``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
 the recipe, the suite, the seed. Failed or stale rows never count as done, nor does a fine-tuned row whose
-convergence gate is older than ``harness.evals.convergence.GATE_VERSION`` (the gate is no part of the config, so
+convergence gate is older than ``harness.evals.convergence.MIN_GATE_VERSION`` (the gate is no part of the config, so
 its hash stays the same when only the gate changes): `make study` re-runs exactly those points; the older rows stay
 in ``results/<study>/runs`` until moved to ``results/archive/`` (its README). Only the study's own rows count
 (``results/<study>/runs/``, the study its experiment names: ``study.experiment``). Each point runs in its own process

@@ -69,9 +69,11 @@ def test_e2e_pi_finetune_then_evaluate(tmp_path):
     assert row["method_params"] == {"name": "pi", "scale": 8.0}
     conv = ti["convergence"]  # 3 steps of PI: recorded, and (honestly) not converged
     assert conv["length"] == 512 and conv["passkey"]["n"] == 50 and conv["converged"] is False
-    # measured on the gate's held-out set (the 7 Folio books, its own passkey seed and template), which it names
-    assert conv["ppl_ratio_vs_base"]["documents"] == len(conv["held_out"]["documents"]) == 7
-    assert conv["held_out"]["passkey_template"] == "gate" and conv["gate_version"] == 2
+    # measured on the gate's held-out set (8 Britannica documents disjoint in content from every evaluation source,
+    # its own passkey seed and template), which it names with its content check
+    assert conv["ppl_ratio_vs_base"]["documents"] == len(conv["held_out"]["documents"]) == 8
+    assert conv["held_out"]["passkey_template"] == "gate" and conv["gate_version"] == 3
+    assert conv["held_out"]["content_check"]["n"] == 13 and conv["held_out"]["content_check"]["shared_ngrams"] >= 0
     for L in ("512", "1024", "2048"):
         assert 0.0 <= row["metrics"]["passkey"]["accuracy"][L] <= 1.0
         assert row["metrics"]["ppl_books"]["ppl"][L] > 1.0

@@ -126,6 +126,27 @@ def test_ppl_matches_direct_hf_loss(tmp_path, tok, model64):
     assert r["ppl"][str(L)] == pytest.approx(2.71828 ** np.mean(ll), rel=1e-4)
 
 
+def test_ppl_all_windows_scores_every_window_and_names_its_book(tmp_path, tok, model64):
+    """all_windows: every non-overlapping full window [BOS] + doc[k(L-1):(k+1)(L-1)] of every document, each scored in
+    full (HF's own loss per window), its document recorded; the first window of each equals the default protocol's."""
+    d = toy_docs(tmp_path)
+    h = ModelHandle(model64, tok, "rand", 256)
+    docs = [tok(p.read_text(), add_special_tokens=False).input_ids for p in sorted(d.glob("*.txt"))]
+    L = 64
+    r = Perplexity(Perplexity.Args(dataset=f"dir:{d}", samples=3, lengths=[L], all_windows=True)).run(
+        h, None, ctx(tmp_path))
+    want = [(j, b) for j, x in enumerate(docs) for b in range(0, len(x) - (L - 1) + 1, L - 1)]
+    assert r["all_windows"] and r["window_doc"][str(L)] == [j for j, _ in want]
+    assert len(set(r["window_doc"][str(L)])) == 3 and len(want) > 3
+    losses = [model64(torch.tensor([[1] + docs[j][b:b + L - 1]]), labels=torch.tensor([[1] + docs[j][b:b + L - 1]]))
+              .loss.item() for j, b in want]
+    assert r["per_sample"][str(L)] == pytest.approx(losses, rel=1e-4, abs=1e-4)
+    assert r["scored"][str(L)] == {"tokens": len(want) * (L - 1), "windows": len(want)}
+    first = Perplexity(Perplexity.Args(dataset=f"dir:{d}", samples=3, lengths=[L])).run(h, None, ctx(tmp_path))
+    starts = [i for i, (j, b) in enumerate(want) if b == 0]
+    assert [r["per_sample"][str(L)][i] for i in starts] == pytest.approx(first["per_sample"][str(L)], abs=1e-5)
+
+
 def lceg_windows(path, L, docs=10):
     """Leooyii/LCEG eval_perplexity/eval_*.py, written out: the first ``docs`` documents of the .bin (split at the
     token ``data[0]``), window starts every 256 tokens, the last one dropped (get_as_batch)."""

@@ -258,7 +258,8 @@ def test_make_findings_script(tmp_path):
     assert out.returncode == 0, out.stderr
     md = (res / "findings.md").read_text()
     assert md.count("**reproduced**") == len(fd.FINDINGS) == 13
-    assert "| finding | metric, lengths, references | ours (95% CI) \u2192 part verdict | paper | verdict |" in md
+    assert ("| finding | evidence: paper \u2192 ours | metric, lengths, references | ours (95% CI) \u2192 part "
+            "verdict | paper | verdict |") in md
     assert "Verdicts: 13 reproduced, 0 contradicted, 0 mixed, 0 inconclusive." in md
     assert "13 findings (reproduced 13)" in out.stdout
     assert "## Rows used" in md and "`ntk_32k-t`" in md and "## Not testable at this scale" in md
@@ -333,14 +334,15 @@ def test_ntk_frozen_is_compared_length_by_length_and_the_collapse_is_located():
     got = verdicts(world("paper"))["g"]
     assert [p.what for p in got.parts] == ["NTK-F - tiny_llama at 2C, passkey", "NTK-F at 2C - at 4C, passkey"]
     assert got.result == fd.REPRODUCED
-    assert "NTK-F beats tiny_llama at every length beyond C up to 2C (the interval excludes 0 at each)" in got.notes
-    assert any(n.startswith("its largest drop: 2C \u2192 4C, 1.00 \u2192 0.00") for n in got.notes), got.notes
+    assert ("passkey: NTK-F beats tiny_llama at every length beyond C up to 2C (the interval excludes 0 at each)"
+            in got.notes)
+    assert any(n.startswith("passkey: its largest drop: 2C \u2192 4C, 1.00 \u2192 0.00") for n in got.notes), got.notes
     # NTK-F that keeps working to 4C: the direct 2C - 4C part is no longer reproduced, and the drop moves to 4C -> 8C
     rows = [r for r in world("paper") if r["run_id"] != "ntk_frozen-f"]
     rows.append(row("ntk_frozen", [1, 1, 1, 0, 0], [4.0, 4.1, 4.6, 4.8, 5.0], frozen=True, nllpos=(3.9, 4.6)))
     far = verdicts(rows)["g"]
     assert far.parts[1].verdict() == fd.INCONCLUSIVE and far.result == fd.INCONCLUSIVE
-    assert any(n.startswith("its largest drop: 4C \u2192 8C") for n in far.notes), far.notes
+    assert any(n.startswith("passkey: its largest drop: 4C \u2192 8C") for n in far.notes), far.notes
     assert any("beyond C up to 4C" in n for n in far.notes), far.notes
 
 
@@ -481,7 +483,7 @@ def test_a_method_left_out_by_the_gate_is_named_as_such_not_as_never_run():
     rep = fd.report(RowSet(rows, load_spec()), "tiny_llama")
     line = next(ln for ln in rep.splitlines() if ln.startswith("| (b)"))
     assert "**inconclusive** (no rows: pi" in line and "<br>with gate-failed rows: reproduced |" in line
-    assert "the 1 rows that failed the convergence gate" in rep
+    assert "(1 gate-failed rows; *with gate-failed rows*" in rep
 
 
 def test_intervals_do_not_depend_on_the_order_of_the_rows():
@@ -513,3 +515,218 @@ def test_readme_and_findings_md_state_the_counts_the_committed_rows_give():
     rs = RowSet(read_rows(ROOT / "results", "tiny_study"), load_spec())   # the study's own rows only
     fs, _, _ = fd.seeded(rs, fd.study_model(rs))
     assert (fd.count_line(fs), fd.count_line(fs, "holm")) == (raw, holm)
+
+
+def _with_ruler(rows: list[dict], scores: dict) -> list[dict]:
+    """Rows with a RULER-style entry (niah_single_2, 20 samples per length, 0/100 per sample): ``scores`` maps a
+    row's run id to its accuracy by length factor (rows not named: 0.5 everywhere)."""
+    n = 20
+    for r in rows:
+        acc = scores.get(r["run_id"], [0.5] * len(FACTORS))
+        per = {}
+        for f, a in zip(FACTORS, acc):
+            k = int(round(a * n))
+            per[str(int(f * C))] = [100.0] * k + [0.0] * (n - k)
+        avg = {L: sum(v) / n for L, v in per.items()}
+        r["metrics"]["ruler"] = {"average": avg, "tasks": {"niah_single_2": dict(avg)},
+                                 "per_sample": {"niah_single_2": per},
+                                 "average_over": {L: ["niah_single_2"] for L in per},
+                                 "samples_per_task": n, "skipped": {}}
+        r["config"]["eval"]["suite"]["ruler"] = {"name": "ruler"}
+    return rows
+
+
+def test_ntk_frozen_is_read_on_ruler_with_passkey_beside():
+    """(g)'s claim comes from the paper's RULER table: with RULER rows the verdict is RULER's, passkey beside it. Here
+    passkey says NTK-F generalises to 2C (the paper world) but RULER says it does not: (g) follows RULER (on the old
+    code, which read passkey, it was reproduced) and names its evidence."""
+    rows = _with_ruler(world("paper"), {"base-f": [1, 0, 0, 0, 0], "ntk_frozen-f": [1, 0, 0, 0, 0]})
+    got = verdicts(rows)["g"]
+    assert [p.what for p in got.parts] == ["NTK-F - tiny_llama at 2C, RULER-style", "NTK-F at 2C - at 4C, RULER-style"]
+    assert got.result == fd.INCONCLUSIVE and got.parts[0].limit.startswith("floor")
+    assert [p.what for p in got.controls] == ["NTK-F - tiny_llama at 2C, passkey", "NTK-F at 2C - at 4C, passkey"]
+    assert all(p.verdict() == fd.REPRODUCED for p in got.controls)
+    assert fd.RULER_STYLE in got.evidence and "Table 3 RULER" in got.evidence
+    rows = _with_ruler(world("paper"), {"base-f": [1, 0, 0, 0, 0], "ntk_frozen-f": [1, 1, 0, 0, 0]})
+    assert verdicts(rows)["g"].result == fd.REPRODUCED
+    # without RULER rows the finding says it falls back to passkey
+    assert "RULER not run for this model: read on passkey" in verdicts(world("paper"))["g"].evidence
+
+
+def test_every_finding_names_its_evidence_and_the_report_labels_ruler():
+    rows = _with_ruler(world("paper"), {"base-f": [1, 0, 0, 0, 0], "ntk_frozen-f": [1, 1, 0, 0, 0]})
+    got = verdicts(rows)
+    assert all(f.evidence.startswith("paper: ") and "\u2192 ours: " in f.evidence for f in got.values())
+    assert any("RULER-style" in p.what for p in got["e"].parts) and any("RULER" in p.what for p in got["d"].parts)
+    rep = fd.report(RowSet(rows, load_spec()), "tiny_llama")
+    assert fd.RULER_STYLE in rep and "docs/ruler_check.md" in rep
+
+
+def _p(what: str, v: str, holm: str | None = None) -> fd.Part:
+    ci = {fd.REPRODUCED: (1.0, 0.5, 1.5), fd.CONTRADICTED: (-1.0, -1.5, -0.5), fd.INCONCLUSIVE: (0.0, -1.0, 1.0)}[v]
+    return fd.Part(what, ci, holm=holm or v)
+
+
+def test_seeds_are_compared_part_by_part_and_raw_and_holm_never_invert():
+    """(l) on the committed rows, before: seed 0 mixed, seed 1 contradicted -> "inconclusive" raw, while each seed's
+    Holm verdict was contradicted -> "contradicted" after Holm: the two inverted. Part by part, the two parts that
+    are contradicted on both seeds make the finding contradicted, raw and after Holm alike."""
+    s0 = [_p("a", fd.INCONCLUSIVE), _p("b", fd.CONTRADICTED), _p("c", fd.REPRODUCED, fd.INCONCLUSIVE),
+          _p("d", fd.CONTRADICTED)]
+    s1 = [_p("a", fd.INCONCLUSIVE), _p("b", fd.CONTRADICTED), _p("c", fd.INCONCLUSIVE), _p("d", fd.CONTRADICTED)]
+    old_raw = {fd.verdict(s0)[0], fd.verdict(s1)[0]}
+    old_holm = {fd.verdict(s0, lambda p: p.holm)[0], fd.verdict(s1, lambda p: p.holm)[0]}
+    assert old_raw == {fd.MIXED, fd.CONTRADICTED} and old_holm == {fd.CONTRADICTED}   # the old rule inverted here
+    parts = fd.combine_seeds({"0": s0, "1": s1})
+    assert [p.final() for p in parts] == [fd.INCONCLUSIVE, fd.CONTRADICTED, fd.INCONCLUSIVE, fd.CONTRADICTED]
+    assert fd.verdict(parts, fd.Part.final)[0] == fd.verdict(parts, fd.Part.final_holm)[0] == fd.CONTRADICTED
+    # a part another seed lacks (its entry failed the gate there) is inconclusive across seeds, and named
+    parts = fd.combine_seeds({"0": [_p("a", fd.REPRODUCED)], "1": [_p("b", fd.REPRODUCED)]})
+    assert [(p.what, p.final(), p.seed_only) for p in parts] == [("a", fd.INCONCLUSIVE, ""),
+                                                                ("b", fd.INCONCLUSIVE, "1")]
+    assert "[seed 1 only]" in parts[1].text()
+    # property: whatever the parts' verdicts on each seed (Holm keeps a part's side or drops it), the finding's Holm
+    # verdict is its raw one or inconclusive, or contradicted from mixed: never the reverse of the raw verdict
+    rng = np.random.default_rng(0)
+    sides = [fd.REPRODUCED, fd.CONTRADICTED, fd.INCONCLUSIVE]
+    for _ in range(3000):
+        k, seeds = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        by = {}
+        for s in range(seeds):
+            ps = []
+            for j in range(k):
+                v = sides[rng.integers(3)]
+                ps.append(_p(str(j), v, v if rng.random() < 0.6 else fd.INCONCLUSIVE))
+            by[str(s)] = ps
+        parts = fd.combine_seeds(by)
+        raw, holm = fd.verdict(parts, fd.Part.final)[0], fd.verdict(parts, fd.Part.final_holm)[0]
+        allowed = {raw, fd.INCONCLUSIVE} | ({fd.CONTRADICTED} if raw == fd.MIXED else set())
+        assert holm in allowed, (raw, holm, [(p.by_seed) for p in parts])
+
+
+def test_the_report_states_the_seed_rule_and_no_verdict_inverts_on_the_committed_rows():
+    from harness.results import read_rows
+
+    rs = RowSet(read_rows(ROOT / "results"), load_spec())
+    model = fd.study_model(rs)
+    fs, _, _ = fd.seeded(rs, model)
+    for f in fs:
+        assert f.holm in {f.result, fd.INCONCLUSIVE} | ({fd.CONTRADICTED} if f.result == fd.MIXED else set()), f.key
+    md = (ROOT / "results" / "findings.md").read_text()
+    head = md.split("| finding |")[0]
+    assert "**Seed rule**" in head and fd.SEED_RULE in head
+
+
+def test_findings_testing_the_gates_quantity_are_read_on_all_rows():
+    """The gate admits a fine-tuned row only with PPL(C) within 10% of the base's and passkey(C) >= 0.9; (i), (k), (l)
+    test those quantities, so a gate-failed row enters them: here PI failed the gate and still has its (k) part (on
+    the old code: "no rows: pi"), while (c), read on gated rows, has no PI; the report says which is which and how
+    the gate could bias each finding."""
+    rows = world("paper")
+    next(r for r in rows if r["run_id"] == "pi-t")["train_info"]["convergence"] = {"converged": False, "rule": "r"}
+    got = verdicts(rows)
+    pi_k = next(p for p in got["k"].parts if p.what.startswith("PI /"))
+    assert pi_k.ci is not None and got["k"].all_rows and got["k"].result == fd.REPRODUCED
+    assert got["c"].parts[0].why.startswith("no rows: pi") and not got["c"].all_rows
+    assert set(fd.GATE_QUANTITY) == {"i", "k", "l"} and set(fd.GATE_BIAS) == set(KEYS)
+    rep = fd.report(RowSet(rows, load_spec()), "tiny_llama")
+    line = next(ln for ln in rep.splitlines() if ln.startswith("| (k) Exact"))
+    assert "read on all rows, gate-failed included" in line
+    assert "## Convergence gate" in rep and "| (k) | all rows (the gate measures what it tests) |" in rep
+    gate_k = next(ln for ln in rep.splitlines() if ln.startswith("| (k) | all rows"))
+    assert gate_k.endswith("| inconclusive | reproduced |")   # on gated rows PI is missing; on all rows it is read
+
+
+def test_a_part_held_by_a_ceiling_says_so():
+    """(j)'s NTK-32K - NTK-64K on the committed rows: both at 1.00 at 3 of 5 lengths. A difference whose two sides
+    are at the top at half its lengths or more is "limited by a ceiling", not merely inconclusive; at 0: a floor."""
+    from harness.tables.estimates import Est
+
+    def est(blocks):
+        flat = [v for b in blocks for v in b]
+        return Est(float(np.mean(flat)), n=len(flat), kind="proportion", samples=flat, paired=True,
+                   keys=tuple(range(len(blocks))), lo=0.0, hi=1.0)
+
+    one, half, miss = [1] * 10, [1] * 5 + [0] * 5, [1] * 9 + [0]
+    p = fd._part_prop("x - y", est([one, one, miss, half, half]), est([miss, one, one, half, half]), "x", "y")
+    assert p.verdict() == fd.INCONCLUSIVE and p.limit == "ceiling: both within one prompt of 1.00 at 3 of 5 lengths"
+    assert "(limited by a ceiling: both within one prompt of 1.00 at 3 of 5 lengths)" in p.text()
+    assert fd.verdict([p])[1].startswith("limited by a ceiling or floor, not by noise")
+    q = fd._part_prop("x - y", est([one, half, half]), est([one, half, [0] * 10]), "x", "y")
+    assert q.limit == ""
+    z = [0] * 10
+    assert fd._part_prop("x - y", est([z]), est([z]), "x", "y").limit == "floor: both within one prompt of 0.00"
+    two = [1] * 8 + [0] * 2        # two prompts short: no longer "at the ceiling"
+    assert fd._part_prop("x - y", est([two, two, two]), est([one, one, one]), "x", "y").limit == ""
+
+
+def test_lm_infinite_flatness_is_read_over_every_window_clustered_by_book():
+    """(f) with a row that scored every window of the books (``ppl`` all_windows): the part is the ratio over all
+    windows with the interval clustered by book (here decisive, while the first window of each book alone would not
+    be), the first-window part beside it; the row is listed as used."""
+    rows = world("paper")
+    rng = np.random.default_rng(3)
+    g8 = np.repeat(np.arange(8), 5)
+    g1 = np.repeat(np.arange(8), 40)
+    book = rng.normal(0, 0.2, 8)
+    nll8 = 4.0 + book[g8] + rng.normal(0, 0.02, len(g8))
+    nll1 = 4.0 + book[g1] + rng.normal(0, 0.02, len(g1))
+    win = {"ppl": {str(C): math.exp(nll1.mean()), str(8 * C): math.exp(nll8.mean())}, "protocol": "yarn",
+           "all_windows": True, "per_sample": {str(C): list(nll1), str(8 * C): list(nll8)},
+           "window_doc": {str(C): [int(x) for x in g1], str(8 * C): [int(x) for x in g8]}, "documents": 8}
+    lmi = next(r for r in rows if r["run_id"] == "lm_infinite-f")
+    extra = json.loads(json.dumps({k: v for k, v in lmi.items() if k != "metrics"}))
+    extra.update(run_id="lm_infinite-windows", metrics={"ppl_windows": win}, time_end="2026-01-02T00:00:00")
+    extra["config"]["eval"] = {"name": "windows", "suite": {"ppl_windows": {"name": "ppl"}}}
+    got = verdicts(rows + [extra])["f"]
+    p = got.parts[0]
+    assert p.what.startswith("LM-Infinite: PPL 8C / PPL C, every window (40 of 8C, 320 of C, 8 books; clustered")
+    assert p.ident == "LM-Infinite: PPL 8C / PPL C" and p.verdict() == fd.REPRODUCED
+    assert p.alt_name == "cluster bootstrap"
+    assert got.controls and got.controls[0].what.endswith("first window of each book")
+    rs = RowSet(rows + [extra], load_spec())
+    assert "`lm_infinite-windows`" in fd.report(rs, "tiny_llama")
+
+
+def _real(method: str, acc: list, nll: list, key: str | None = None) -> dict:
+    """A frozen row of a real model (C = 8192) at C and 2C: passkey over 20 prompts, PPL on 4 books."""
+    c, n = 8192, 20
+    lengths = [c, 2 * c]
+    correct = {str(L): [int(v) for v in np.random.default_rng(sum(map(ord, key or method)) + L).permutation(
+        [1] * int(round(a * n)) + [0] * (n - int(round(a * n))))] for L, a in zip(lengths, acc)}
+    per = {str(L): list(m + np.array([0.1, -0.1, 0.05, -0.05]) + noise(f"{key or method}{L}")[:4] -
+                        noise(f"{key or method}{L}")[:4].mean()) for L, m in zip(lengths, nll)}
+    metrics = {"passkey": {"accuracy": {L: sum(v) / n for L, v in correct.items()}, "correct": correct,
+                           "samples_per_length": n},
+               "ppl_books": {"ppl": {L: math.exp(float(np.mean(v))) for L, v in per.items()}, "per_sample": per,
+                             "protocol": "yarn", "documents": 4}}
+    return {"schema": 1, "run_id": f"real-{key or method}", "status": "ok", "model": "smollm2_135m", "method": method,
+            "data": "local_mix", "train": "none", "eval": "real_frozen", "method_params": {"name": method},
+            "train_info": None, "metrics": metrics, "time_start": "2026-01-01T00:00:00",
+            "time_end": "2026-01-01T01:00:00", "timings": {"eval.passkey": 1800.0},
+            "config": {"model": {"name": "smollm2_135m", "native_ctx": c}, "train": {"enabled": False},
+                       "eval": {"name": "real_frozen", "suite": {"passkey": {"name": "passkey"},
+                                                                 "ppl_books": {"name": "ppl"}}},
+                       "study": {"experiment": "smollm2_frozen", "row": method}},
+            "config_hash": f"h-{method}", "run_dir": None}
+
+
+def test_the_real_model_frozen_track_has_its_own_section():
+    """Frozen rows of a second model (SmolLM2, C = 8192, at C and 2C) get a section of their own with (e), (f), (g)
+    (the findings that need no fine-tuning), their own Holm family, the miniature's verdict beside, and each row's
+    timings; (f) reads PPL 2C / PPL C (the track's longest length), and (g)'s 2C - 4C part has no rows at 4C."""
+    real = [_real("base", [1.0, 0.0], [3.0, 4.5]), _real("ntk_frozen", [1.0, 0.9], [3.0, 3.1]),
+            _real("self_extend", [1.0, 0.95], [3.0, 3.05]), _real("lm_infinite", [1.0, 0.1], [3.0, 3.02])]
+    rs = RowSet(world("paper") + real, load_spec())
+    rep = fd.report(rs, "tiny_llama")
+    sec = rep.split("## Real model, frozen: smollm2_135m", 1)[1].split("\n## ", 1)[0]
+    assert "Verdicts on smollm2_135m: " in sec and "a family of its own" in sec and "study smollm2_frozen" in sec
+    lines = {ln[:4]: ln for ln in sec.splitlines() if ln.startswith("| (")}
+    assert set(lines) == {"| (e", "| (f", "| (g"}
+    assert "LM-Infinite: PPL 2C / PPL C" in lines["| (f"] and lines["| (f"].endswith("| reproduced |")
+    assert "NTK-F at 2C - at 4C, passkey: \u2014 (no rows" in lines["| (g"]
+    assert "`real-lm_infinite` (LM-Infinite, lengths 8192, 16384): passkey 1800 s; wall 1.00 h" in sec
+    # the main verdicts are the miniature's alone
+    assert fd.count_line(fd.seeded(rs, "tiny_llama")[0]) == fd.count_line(fd.seeded(RowSet(world("paper"),
+                                                                                              load_spec()),
+                                                                                       "tiny_llama")[0])

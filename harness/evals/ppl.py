@@ -19,6 +19,11 @@ as it is, its own separators included, whatever the tokenizer (it is only meanin
 numbers of the two protocols are not comparable. ``max_windows > 0`` scores an evenly spaced subset of the windows
 (CPU budget); the row records how many windows were scored out of how many.
 
+``all_windows: true`` (yarn protocol; issue 48) scores every non-overlapping full window
+``[BOS] + doc[k(L-1):(k+1)(L-1)]`` of every document instead of its first one, every token of each; the row keeps
+each window's mean NLL and the document it came from (``window_doc``), so that an interval can treat the windows of
+one book as dependent (``harness.stats.cluster_ppl_ratio``).
+
 ``stride`` (256) is an absolute token count on purpose: both originals slide by 256 tokens whatever the model.
 Refused before anything loads (``check`` / ``check_data``): a missing, empty or non-text data directory, a missing or
 malformed ``.bin``, an unknown source name, samples or stride below 1.
@@ -136,6 +141,8 @@ class Perplexity:
             n, basis = doc_stream_tokens(a.dataset, a.samples)
             return ({L: len(subsample(longlora_starts(n, L, a.stride), a.max_windows)) for L in ok},
                     f"windows every {a.stride} tokens over {basis}")
+        if a.all_windows:
+            return {L: a.samples for L in ok}, "every non-overlapping window of each document (at least one each)"
         return {L: a.samples for L in ok}, "one window per document and length"
     @dataclass
     class Args(EvalArgs):
@@ -149,6 +156,7 @@ class Perplexity:
         stride: int = 256
         max_windows: int = 0  # longlora protocol: score at most this many windows per length (0 = all)
         chunk: int = 1024  # positions per LM-head chunk
+        all_windows: bool = False  # yarn protocol: every non-overlapping full window of each document
 
     def __init__(self, args):
         if args.protocol not in ("yarn", "longlora"):
@@ -227,7 +235,7 @@ class Perplexity:
         else:
             stream, n_docs, short = self.stream(tok, min_tokens)
         bos = tok.bos_token_id
-        res, scored, per_sample, ci = {}, {}, {}, {}
+        res, scored, per_sample, ci, window_doc = {}, {}, {}, {}, {}
         for L in list(lengths):
             recs: list[dict] = []
             if a.protocol == "yarn" and not n_docs:
@@ -240,8 +248,12 @@ class Perplexity:
                 continue
             if a.protocol == "yarn":
                 nlls, n = [], 0
-                wins = [(j, b, e, trg) for j, d in enumerate(docs)
-                        for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None)]
+                if a.all_windows:  # every full window, back to back, each scored in full
+                    w = L - 1 if bos is not None else L
+                    wins = [(j, b, b + w, w) for j, d in enumerate(docs) for b in range(0, len(d) - w + 1, w)]
+                else:
+                    wins = [(j, b, e, trg) for j, d in enumerate(docs)
+                            for b, e, trg in yarn_windows(len(d), L, a.stride, a.truncate, bos is not None)]
                 windows = [([bos] if bos is not None else []) + docs[j][b:e] for j, b, e, _ in wins]
                 # data-parallel: each rank scores a contiguous block of windows, cut at batch edges (one batch =
                 # batch_tokens // window length windows, as window_nlls forms them)
@@ -256,6 +268,8 @@ class Perplexity:
                 res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
                 scored[str(L)] = {"tokens": n, "windows": len(nlls)}
                 per_sample[str(L)] = [round(x, 6) for x in nlls]  # one mean NLL per window (truncate: per document)
+                if a.all_windows:
+                    window_doc[str(L)] = [j for j, _, _, _ in wins]
             else:
                 starts = longlora_starts(len(stream), L, a.stride)
                 use = subsample(starts, a.max_windows)
@@ -271,7 +285,8 @@ class Perplexity:
             write_jsonl(ctx.samples_path(f"ppl_{a.protocol}"), recs)
         return {"ppl": res, "protocol": a.protocol, "dataset": a.dataset, "documents": n_docs,
                 "documents_too_short": short, "min_tokens": min_tokens, "scored": scored, "skipped": skipped, "ci": ci,
-                "per_sample": per_sample, "per_sample_unit": "window mean NLL, in window order (paired across methods)"}
+                "per_sample": per_sample, "per_sample_unit": "window mean NLL, in window order (paired across methods)",
+                **({"window_doc": window_doc, "all_windows": True} if a.all_windows else {})}
 
 
 def _interval(nlls: list, protocol: str):

@@ -194,6 +194,13 @@ def display_label(rs: RowSet, pr, e) -> str:
 
 
 # -- Table 3 / 6: RULER average by length -----------------------------------------------------------------------
+# every `ruler` row comes from the project's own offline generator (harness/evals/_ruler_data.py), never RULER's
+# samples: each table that prints it says so (docs/ruler_check.md: the differential check against lm-eval's RULER)
+RULER_STYLE_NOTE = ("Ours: the project's RULER-style tasks (the offline generator harness/evals/_ruler_data.py, "
+                    "written from RULER 4f6507e), not RULER's own samples: not comparable with RULER's published "
+                    "numbers; the paper's numbers beside are RULER's. Differences: docs/ruler_check.md.")
+
+
 def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     second = is_second(rs, model)
     ptid = "table6" if second else "table3"
@@ -202,9 +209,10 @@ def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     for e in rs.for_model(model):
         extra |= entry_factors(rs, e, "ruler", "average")
     cols = columns_for(paper.table(ptid)["columns"], paper_c, extra)
-    t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER average by evaluation length ({model})",
+    t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER average by evaluation length ({model}; ours: the "
+              "project's RULER-style tasks)",
               ["Models", "Train Len"] + [c for c, _ in cols], label_cols=2,
-              notes=length_notes(rs, model, paper_c, "Phi-2-base" if second else "LLaMA2-7B"))
+              notes=length_notes(rs, model, paper_c, "Phi-2-base" if second else "LLaMA2-7B") + [RULER_STYLE_NOTE])
     order = {"frozen": 0, "fine-tuned": 1}
     fl = est.floor(rs, model, "ruler")
     items = rows_for(rs, paper, model, ptid)
@@ -262,7 +270,9 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
     t = Table(f"table1_{model}", f"Table 1: Overview of results across different extension types ({model})",
               ["Attention Mechanisms", "Training", "Model"] + cols, label_cols=3,
               notes=length_notes(rs, model, 4096, "LLaMA2-7B") +
-              ["PPL = PG19 perplexity at 8C (paper: 32k); RULER = RULER average at 8C; Needle = NIAH score averaged "
+              [RULER_STYLE_NOTE,
+               "PPL = PG19 perplexity at 8C (paper: 32k); RULER = RULER average at 8C (ours: the project's RULER-style "
+               "tasks); Needle = NIAH score averaged "
                "over the evaluated lengths (x100); Mshots = many-shot accuracy averaged over the shot counts; LongB "
                "= LongBench mean over tasks."])
     fls = {k: est.floor(rs, model, k) for k in ("niah", "passkey", "ruler")}
@@ -408,9 +418,10 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
         pt = paper.table(ptid)
         f = int(pt["length"][:-1]) * 1024 / 4096
         cols = method_columns(rs, paper, model, ptid, "ruler")
-        t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER results on {pt['length']} context length ({model})",
+        t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER results on {pt['length']} context length ({model}; "
+                  "ours: the project's RULER-style tasks)",
                   ["Task"] + [h for h, _, _ in cols], label_cols=1,
-                  notes=[f"Ours: {model} at {f:g}C (the paper's {pt['length']} = {f:g} x 4k).",
+                  notes=[f"Ours: {model} at {f:g}C (the paper's {pt['length']} = {f:g} x 4k).", RULER_STYLE_NOTE,
                          "Cell: ours [95% CI] / paper (ours - paper); \u2014 = no number."],
                   legend=rs.legend([e for _, _, e in cols]))
         for pr in pt["rows"]:

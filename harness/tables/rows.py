@@ -2,7 +2,7 @@
 
 A table entry is one configuration: (model, method, method parameters, train, data, eval protocol, evaluation
 suite), where the eval protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries and the
-suite is the row's ``eval`` option; rows of another suite that measure nothing the entry measures (no table source in
+suite is the row's ``eval`` option (or the suite it ``extends``: ``suite_of``); rows of another suite that measure nothing the entry measures (no table source in
 common: ``eval=extended`` beside ``eval=tiny``) join the entry of the same configuration, so rows of different suites
 never fill the same cell. Only ``status == "ok"`` rows are used; failed and still-running rows are counted for a
 footnote. When several rows of one entry carry a value for the same cell, they compete (``Pick``): the newest
@@ -36,6 +36,17 @@ def load_yaml(path: str | Path) -> dict:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path, encoding="utf-8") as f:
         return yaml.load(f, Loader=loader)
+
+
+def suite_of(row: dict) -> str:
+    """The evaluation suite a row's cells belong to: its ``eval`` option, or the suite that option declares it
+    ``extends`` (``conf/eval/<name>.yaml``: the same prompts with more of them at some length, e.g. ``ruler_8c``, or
+    another view of the same documents, e.g. ``windows``), recorded in the row's own config (``config.eval.extends``).
+    A suite that extends another joins its cells, and a cell's competing rows follow ``RowSet.pick`` (a newer row
+    with fewer samples never displaces an older one)."""
+    ev = (row.get("config") or {}).get("eval")
+    ext = ev.get("extends") if isinstance(ev, dict) else None
+    return str(ext) if isinstance(ext, str) and ext else str(row.get("eval"))
 
 
 def read_rows_in(directory: str | Path) -> list[dict]:
@@ -168,7 +179,7 @@ class Entry:
     train: str
     data: str
     protocol: str | None
-    suite: str = ""                            # the rows' evaluation suite (``eval``): never two in one cell
+    suite: str = ""                            # the rows' evaluation suite (``suite_of``): never two in one cell
     rows: list = field(default_factory=list)   # ok rows, newest first
     label: str = ""
     suffix: str = ""                           # what tells it apart from other entries with the same label
@@ -243,7 +254,7 @@ class RowSet:
         groups: dict = {}
         for r in ok:
             e = Entry(str(r.get("model")), method_key(r), _params_str(r.get("method_params")), str(r.get("train")),
-                      str(r.get("data")), ppl_protocol(r, spec), str(r.get("eval")))
+                      str(r.get("data")), ppl_protocol(r, spec), suite_of(r))
             groups.setdefault(e.key, e).rows.append(r)
         # rows without a PPL entry join the (single) entry of the same configuration that has one, when the two
         # measure nothing in common (another suite's rows never fill a cell of this one)

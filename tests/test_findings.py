@@ -607,12 +607,12 @@ def test_seeds_are_compared_part_by_part_and_raw_and_holm_never_invert():
 def test_the_report_states_the_seed_rule_and_no_verdict_inverts_on_the_committed_rows():
     from harness.results import read_rows
 
-    rs = RowSet(read_rows(ROOT / "results"), load_spec())
+    rs = RowSet(read_rows(ROOT / "results", "tiny_study"), load_spec())
     model = fd.study_model(rs)
     fs, _, _ = fd.seeded(rs, model)
     for f in fs:
         assert f.holm in {f.result, fd.INCONCLUSIVE} | ({fd.CONTRADICTED} if f.result == fd.MIXED else set()), f.key
-    md = (ROOT / "results" / "findings.md").read_text()
+    md = (ROOT / "results" / "tiny_study" / "findings.md").read_text()
     head = md.split("| finding |")[0]
     assert "**Seed rule**" in head and fd.SEED_RULE in head
 

@@ -13,7 +13,7 @@ and why in a footnote, and ``RowSet.refusals`` gives one line per refused row na
 Training seeds: rows of one configuration fine-tuned with different seeds (``data.seed`` / ``train.seed``: the
 sample and order of the training mixture and the training RNG; the evaluation prompts follow the global ``seed`` and
 stay the same) are one entry, but a cell never mixes seeds: a ``RowSet`` shows one seed per entry, the first in
-order (seed 0 in the study) unless ``seed=`` names another that the entry has. ``results/findings.md`` re-tests every
+order (seed 0 in the study) unless ``seed=`` names another that the entry has. ``results/<study>/findings.md`` re-tests every
 finding on each other seed and reports the seed-to-seed differences; a footnote names the entries with several.
 """
 from __future__ import annotations
@@ -430,7 +430,7 @@ class RowSet:
         notes = []
         multi = [e for e in self.entries if (model is None or e.model == model) and len(e.by_seed) > 1]
         if multi:
-            notes.append("Fine-tuned with several training seeds (cells show one, never a mix; results/findings.md "
+            notes.append("Fine-tuned with several training seeds (cells show one, never a mix; results/<study>/findings.md "
                          "re-tests each finding on every seed): " + "; ".join(
                              f"{e.label} seeds {', '.join(map(str, e.seeds))}, shown: {e.seed}" for e in multi) + ".")
         for (m, label), n in sorted(self.dup_notes.items()):

@@ -26,7 +26,7 @@ FLOORS = [
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
     ("library", {"api"}),  # the public API (extend, evaluate, save, load): run.py's stages are api.run
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
-    ("entry", {"precheck", "shards", "cli"}),  # cli: the `harness <tool>` console command (runs the scripts)
+    ("entry", {"precheck", "shards", "cli", "lmeval"}),  # cli: `harness <tool>`; lmeval: the model for lm-eval
 ]
 FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 

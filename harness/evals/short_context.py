@@ -203,14 +203,19 @@ def _read_summaries(path: Path) -> dict:
 _TASK_MANAGERS: dict = {}
 
 
-def task_manager(include_path: str = ""):
-    """lm-eval's ``TaskManager`` over its own tasks plus ``include_path`` (a folder of task YAMLs), built once per
-    process and path (indexing lm-eval's ~15k task files takes seconds)."""
-    if include_path not in _TASK_MANAGERS:
-        from lm_eval.tasks import TaskManager
+def task_manager(task: str, include_path: str = ""):
+    """lm-eval's ``TaskManager`` that knows ``task``: the tasks under ``include_path`` alone when the task is one of
+    them, else those plus lm-eval's own (indexing lm-eval's ~15k task files takes seconds); each built once per
+    process."""
+    from lm_eval.tasks import TaskManager
 
-        _TASK_MANAGERS[include_path] = TaskManager(include_path=include_path or None)
-    return _TASK_MANAGERS[include_path]
+    for defaults in ((False, True) if include_path else (True,)):
+        key = (include_path, defaults)
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=include_path or None, include_defaults=defaults)
+        if task in _TASK_MANAGERS[key].all_tasks or defaults:
+            return _TASK_MANAGERS[key]
+    raise AssertionError("unreachable")
 
 
 def check_offline(task: str, include_path: str, where: str) -> None:
@@ -219,7 +224,10 @@ def check_offline(task: str, include_path: str, where: str) -> None:
     (``dataset_path: json`` + ``data_files``) nor in the local datasets cache fails here, before the model loads."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    tm = task_manager(include_path)
+    if include_path and not os.path.isdir(include_path):
+        raise ConfigError(f"{where}.include_path: {include_path!r} is not a folder (valid: a folder of lm-eval task "
+                          f"YAMLs, or \"\")")
+    tm = task_manager(task, include_path)
     if task not in tm.all_tasks:
         raise ConfigError(f"{where}.tasks: {task!r} is neither one of the local tasks {sorted(DEFAULT_FEWSHOT)} nor an "
                           f"lm-eval task (lm-eval's own, or a YAML under include_path={include_path or '(none)'!r})")
@@ -313,7 +321,7 @@ class ShortContext:
                                                     log_samples=True, **seeds)))
             for t in [t for t in todo if t in external]:
                 res = simple_evaluate(model=lm, tasks=[t], limit=a.limit or None, num_fewshot=fewshot.get(t),
-                                      task_manager=task_manager(a.include_path), bootstrap_iters=0,
+                                      task_manager=task_manager(t, a.include_path), bootstrap_iters=0,
                                       log_samples=True, **seeds)
                 names[t] = sorted(res["samples"])
                 runs.append(([t], res))

@@ -145,7 +145,7 @@ def test_evaluate_refuses_beyond_the_cost_limit_before_loading(tmp_path, monkeyp
     model would fail at load)."""
     monkeypatch.chdir(tmp_path)
     model, tok = tiny_like(tmp_path)
-    with pytest.raises(ConfigError, match=r"cost: this run is estimated at .* beyond cost.limit_s=1 "):
+    with pytest.raises(ConfigError, match=r"cost: this run.s evaluation is estimated at .* beyond cost.limit_s=1 "):
         api.evaluate(model, tok, evaluator="passkey", lengths=[1, 2, 4, 8], samples=200,
                      overrides=["cost.limit_s=1"])
 
@@ -169,3 +169,16 @@ def test_the_readme_recipe_runs_as_written_outside_the_checkout(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert list((tmp_path / "results" / "runs").glob("*.json"))
     assert "cost estimate" in r.stderr
+
+
+def test_evaluate_a_saved_folder_runs_its_recorded_method(tmp_path, monkeypatch):
+    """A folder saved with an attention method: evaluate(folder) loads it through model=hub, applies the recorded
+    method with its settings (the row says so), and never as plain attention."""
+    monkeypatch.chdir(tmp_path)
+    model, tok = tiny_like(tmp_path)
+    api.extend(model, "self_extend", window=0.125, group=2)
+    api.save(model, tmp_path / "m", tok)
+    row = api.evaluate(str(tmp_path / "m"), evaluator="passkey", lengths=[0.5], samples=1)
+    assert row["status"] == "ok" and row["method"] == "self_extend" and row["model"] == "m"
+    assert row["method_params"]["window"] == 0.125 and row["method_params"]["group"] == 2
+    assert row["model_info"]["attn_implementation"] == "harness_self_extend"

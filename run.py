@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import sys
 
+if __name__ == "__main__" and sys.stderr.isatty():  # the imports below take seconds: say so from the first second
+    print("run.py: loading the harness (torch, transformers), then the config, the cost estimate and the model",
+          file=sys.stderr, flush=True)
+
 import hydra
 from omegaconf import DictConfig
 

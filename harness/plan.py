@@ -413,8 +413,9 @@ def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
 # The limit (``cost.limit_s``) is compared with the evaluation's estimate, the suite's cost; the fine-tune's is printed
 # beside it (its recipe, ``train=``, is its budget). Not modelled: the approximate-attention methods' CPU reference
 # loops (``attention.backend=reference``), several times slower than SDPA on a small model (Self-Extend, Landmark).
-ASSUMED_MODEL_EFFICIENCY = 0.25  # ASSUMPTION: share of the timed matmul rate a model's forward reaches (CPU
-#                                  measured here: SmolLM2 16k-token bf16 forward ~0.3, the 5M tiny model ~0.15)
+ASSUMED_MODEL_EFFICIENCY = 0.25  # ASSUMPTION: share of the timed matmul rate a model's forward reaches (from the
+#   idle throughputs of /work/shared/notes/environment.md on this CPU, 2468 GFLOP/s bf16: SmolLM2's 16k-token forward
+#   in 28 s ~0.33, the 5M tiny model at 1024 tokens ~0.18; one SmolLM2 run under load ~9 took ~0.5x its estimate)
 ASSUMED_CALL_OVERHEAD_S = 0.002  # ASSUMPTION: seconds of framework overhead per layer per forward call (CPU)
 DEFAULT_COST_LIMIT_S = 14400.0  # cost.limit_s when the config has none
 _FLOPS: dict = {}

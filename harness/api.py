@@ -125,7 +125,7 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
     from harness import pipeline
     from harness.methods import build_method
 
-    if getattr(model, "harness_method", None) is not None:
+    if getattr(getattr(model, "harness_method", None), "name", "base") != "base":  # base changes nothing
         raise ConfigError(f"extend: the model is already extended with method {model.harness_method.name!r}; extend a "
                           f"freshly loaded model (methods do not compose)")
     m = build_method(_method_node(method, settings))
@@ -237,7 +237,7 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
         if given is not None:
             c = int(native_ctx or native_ctx_of(given))
             h = _handle(given, tokenizer, c)
-            cfg.model = {"name": h.name, "builder": "hub", "path": h.info["path"], "native_ctx": c,
+            cfg.model = {"name": h.name, "builder": "hub", "path": "", "native_ctx": c,  # loaded: model_info.path
                          "dtype": str(next(given.parameters()).dtype).removeprefix("torch."),
                          "attn_implementation": "sdpa"}
         c = int(cfg.model.native_ctx)

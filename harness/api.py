@@ -202,7 +202,8 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     overlaid by ``settings``), and return the finished results row (a dict, ``harness.results.Row``; also written to
     ``<results_dir>/runs/<run_id>.json``, default ``$HARNESS_RESULTS_DIR`` or ``./results``).
 
-    ``lengths``: evaluation lengths in units of the native window C (``[1, 2]`` = C and 2C). The method is the one
+    ``lengths``: evaluation lengths in units of the native window C (``[1, 2]`` = C and 2C; one evaluator without
+    lengths: ``[1]``; a suite without: its own). The method is the one
     the model carries (:func:`extend`, or a folder saved by :func:`save`), else none (``base``). ``overrides``: any
     further ``run.py`` override (``autocast=float32``, ``cost.limit_s=600``). A failure raises after the row is
     finished as ``failed``."""
@@ -251,6 +252,8 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
             node = {**group_defaults("evaluator", evaluator), **settings, "name": evaluator}
             node.pop("defaults", None)
             cfg.eval = OmegaConf.create({"name": evaluator, "lengths": [], "suite": {evaluator: node}})
+        if lengths is None and evaluator is not None:
+            lengths = [1]  # one evaluator without lengths: at the native window C
         if lengths is not None:
             toks = [int(round(float(x) * c)) for x in lengths]
             cfg.eval.lengths = toks

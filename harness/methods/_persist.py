@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 RECORD = "harness_method"  # the config.json key
-MARKER = "{name} is a harness method; load this folder with harness.load (plain transformers would not apply it)"
+MARKER = "{name} is a harness method; load this folder with harness.api.load (plain transformers would not apply it)"
 STOCK_ATTENTION = ("eager", "sdpa", "flex_attention", "harness_causal")  # harness_causal: plain causal, fused
 
 

@@ -415,7 +415,8 @@ def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
 # loops (``attention.backend=reference``), several times slower than SDPA on a small model (Self-Extend, Landmark).
 ASSUMED_MODEL_EFFICIENCY = 0.25  # ASSUMPTION: share of the timed matmul rate a model's forward reaches (from the
 #   idle throughputs of /work/shared/notes/environment.md on this CPU, 2468 GFLOP/s bf16: SmolLM2's 16k-token forward
-#   in 28 s ~0.33, the 5M tiny model at 1024 tokens ~0.18; one SmolLM2 run under load ~9 took ~0.5x its estimate)
+#   in 28 s ~0.33, the 5M tiny model at 1024 tokens ~0.18; SmolLM2 on eval=cpu, nice'd, with the machine at load ~13
+#   from other jobs, took 0.43x its estimate: PPL 0.30x, passkey 0.45x)
 ASSUMED_CALL_OVERHEAD_S = 0.002  # ASSUMPTION: seconds of framework overhead per layer per forward call (CPU)
 DEFAULT_COST_LIMIT_S = 14400.0  # cost.limit_s when the config has none
 _FLOPS: dict = {}

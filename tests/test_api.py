@@ -97,6 +97,7 @@ def test_extend_refuses_in_one_line(tmp_path):
         api.extend(model, "nope")
     with pytest.raises(ConfigError, match="windw"):
         api.extend(model, "self_extend", windw=0.25)
+    api.extend(model, "base")  # what evaluate() applies to a plain model: it changes nothing, so extend still may
     api.extend(model, "yarn", scale=4)
     with pytest.raises(ConfigError, match="already extended with method 'yarn'"):
         api.extend(model, "pi")

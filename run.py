@@ -4,19 +4,24 @@
     python run.py method=ntk_dynamic model=llama2_7b --cfg job     # print the composed config
     python run.py -m method=base,pi train=none      # a sweep (Slurm: hydra/launcher=slurm_a100)
 
-Table of contents: start the row (``harness.lifecycle``) -> check every group and build the suite once -> load the
-model and apply the method -> fine-tune if the train config says so -> run every evaluator of the suite -> finish
-the row. A failure anywhere finishes the row as ``failed`` with a
+Table of contents: start the row (``harness.lifecycle``) -> the stages, ``harness.api.run`` (the library's
+``api.evaluate`` runs the same): check every group and build the suite once, estimate the run's cost and refuse one
+beyond ``cost.limit_s`` -> load the model and apply the method -> fine-tune if the train config says so -> run
+every evaluator of the suite -> finish the row. A failure anywhere finishes the row as ``failed`` with a
 one-line error and exits non-zero; whatever was already measured stays in the row.
 """
 from __future__ import annotations
 
 import sys
 
+if __name__ == "__main__" and sys.stderr.isatty():  # the imports below take seconds: say so from the first second
+    print("run.py: loading the harness (torch, transformers), then the config, the cost estimate and the model",
+          file=sys.stderr, flush=True)
+
 import hydra
 from omegaconf import DictConfig
 
-from harness import lifecycle, pipeline, precheck, report, shards, tracking
+from harness import api, lifecycle, precheck, report, shards, tracking
 from harness.tables import export
 from harness.train import Terminated
 
@@ -40,14 +45,8 @@ def main(cfg: DictConfig) -> None:
     tracker = tracking.NULL
     try:
         tracker = tracking.start(cfg, row, table_lines=export.flatten)  # wandb: results as export's lines
-        s = pipeline.setup(cfg)                                                   # 0. every group, fail fast
-        handle = pipeline.load_and_extend(cfg, s.method, s.train, suite=s.suite)  # 1. model + method
-        run.record(model_info=handle.facts())                                     #    (what ran, where)
-        info = pipeline.finetune(cfg, handle, s.method, s.train, row["run_dir"],  # 2. fine-tune (or frozen)
-                                 progress=report.TrainProgress(on_step=tracker.log_step))
-        run.record(train_info=info, method_params=s.method.params())              #    (the method as tuned)
-        pipeline.evaluate(cfg, handle, s.method, run, s.suite,                    # 3. every evaluator
-                          on_result=tracker.log, progress=report.EvalProgress())
+        api.run(cfg, run, on_result=tracker.log,  # 0. check + cost, 1. model + method, 2. fine-tune, 3. evaluate
+                train_progress=report.TrainProgress(on_step=tracker.log_step), eval_progress=report.EvalProgress())
         problem = run.finish()                                                    # 4. the row
         if problem:
             raise OSError(f"the finished row could not be written: {problem}")

@@ -3,6 +3,8 @@
     harness run method=ntk_dynamic model=llama2_7b     # = python run.py ...
     harness tables                                     # = make tables (python scripts/make_tables.py)
     harness findings | study | plan | submit | export | status | prepare-eval | prepare-cluster | build-data
+    harness gguf-to-hf smollm2_135m smollm2-hf           # = python scripts/gguf_to_hf.py ...
+    harness lm-eval --model harness --model_args pretrained=DIR,method=yarn --tasks ...   # = python -m harness.lmeval
 
 Each tool is the checkout's own script, run as ``__main__`` with the given arguments, so the command and
 ``python <script> ...`` are one program (the same Hydra app, the same exit codes). The project installs editable
@@ -28,6 +30,8 @@ TOOLS = {  # tool -> (script, or -m module, what it does)
     "prepare-eval": ("scripts/prepare_eval_data.py", "fetch or convert the evaluation data (paths.eval_root)"),
     "prepare-cluster": ("scripts/prepare_cluster_data.py", "fetch the fine-tuning shards, with a size estimate"),
     "build-data": ("scripts/build_data.py", "build a run's tokenised data cache before its GPU job"),
+    "gguf-to-hf": ("scripts/gguf_to_hf.py", "a Hugging Face folder from a GGUF file (the shipped SmolLM2 included)"),
+    "lm-eval": ("-m harness.lmeval", "lm-eval's command line with the model `harness` (a method and its settings)"),
 }
 
 

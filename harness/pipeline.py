@@ -23,6 +23,7 @@ from harness.evals._progress import EvalProgress
 from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
+from harness.methods._persist import save as save_model
 from harness.models import build_model, check_device, check_fits, choose_device_map
 from harness.train import TrainArgs
 
@@ -155,11 +156,8 @@ def check_autocast(value, key: str) -> None:
 
 
 def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None):
-    """Model + method: load the base (or a fine-tuned checkpoint), check that the longest evaluation input fits in
-    memory, choose the attention backend and apply the extension method. Before a fine-tuning run the base model is
-    measured inside its window first (``harness.evals.convergence``), so that the fine-tuned row can be compared with
-    it on the same documents and prompts. ``before_extend(handle)`` lets a caller measure the base model too
-    (learning curves). ``suite``: the evaluators the model must fit (default: the config's ``eval.suite``)."""
+    """Model + method: load the base (or a fine-tuned checkpoint) placed by the suite's longest input, then
+    :func:`prepare` it (memory check, checkpoint check, convergence baseline, the method applied)."""
     t0 = plog.stage("load", f"model={cfg.model.get('name')} method={cfg.method.get('name')}")
     device = check_device(cfg.get("device", "auto"))
     if suite is None:
@@ -168,6 +166,20 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     device_map = choose_device_map(cfg.model, device, longest, any(getattr(ev, "generates", False)
                                                                    for ev in suite.evaluators))
     handle = build_model(cfg.model, device=device, device_map=device_map)
+    handle = prepare(cfg, handle, method, train, before_extend, suite)
+    plog.done("load", t0, f"{handle.info.get('name') or cfg.model.get('name')} on {device}")
+    return handle
+
+
+def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None,
+            applied: bool = False):
+    """A loaded model (``load_and_extend``'s, or one a caller of ``harness.api`` passes in) made ready: check that
+    the longest evaluation input fits in memory, that a checkpoint folder was saved under this method, measure the
+    base inside its window before a fine-tuning run (``harness.evals.convergence``), so that the fine-tuned row can
+    be compared with it on the same documents and prompts, and :func:`extend` it with the method (``applied``: the
+    caller already did). ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
+    if suite is None:
+        suite = Suite.of(cfg)
     for key, ev in zip(suite.nodes, suite.evaluators):
         check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
                    key=f"eval.suite.{key}")
@@ -185,10 +197,29 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
         plog.done("convergence gate, the base at C", tg)
     if before_extend is not None:
         before_extend(handle)
-    set_backend(handle.model, attention_args(cfg).backend)
-    method.apply(handle)
-    plog.done("load", t0, f"{handle.info.get('name') or cfg.model.get('name')} on {device}")
+    if not applied:
+        extend(handle, method, attention_args(cfg).backend)
     return handle
+
+
+def extend(handle, method, backend: str = "auto", log=None) -> None:
+    """The one way a method goes onto a loaded model: the attention backend chosen (``attention.backend``), the
+    method applied, and every setting of the model's config the method does not apply (a sliding window under the
+    blocked-attention methods) printed in one line, not only recorded in the row (``checkpoint_attention``)."""
+    import sys
+
+    set_backend(handle.model, backend)
+    method.apply(handle)
+    for line in dropped_settings(method):
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(line)
+
+
+def dropped_settings(method) -> list[str]:
+    """One line per setting of the model's config the applied ``method`` does not apply."""
+    rec = getattr(method, "checkpoint_attention", None) or {}
+    return [f"method={method.name}: the model's {key} = {value} is not applied (the method attends as its original "
+            f"does; recorded in the row's method_params.checkpoint_attention)"
+            for key, value in rec.items() if key != "action" and rec.get("action") == "dropped"]
 
 
 def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=None) -> dict | None:
@@ -226,9 +257,8 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
                   "passed" if info["convergence"].get("converged") else "NOT passed")
     out = Path(run_dir) / "checkpoint"
     tg = plog.stage("checkpoint", str(out))
-    handle.model.save_pretrained(out)
-    handle.tokenizer.save_pretrained(out)
-    save_method(out, method)
+    save_model(handle.model, out, handle.tokenizer)  # the method kept: a standard config, or recorded and refused
+    save_method(out, method)  # by plain transformers (harness.methods._persist)
     from harness.train.checkpoint import share
 
     share(out)  # safetensors writes the weights 0600: teammates read them as they read rows (the umask's mode)

@@ -401,3 +401,174 @@ def sweep_summary(rows: list[dict], launcher: dict | None) -> dict:
                                            if per_attempt and r["wall_hours"] > per_attempt * attempts]
     return out
 
+
+
+# ---------------------------------------------------------------------------------------------------- one run's cost
+# A run's cost before it starts (``check_cost``, called by ``harness.api.run`` after the config is checked and
+# before the model loads): the prompts each evaluator builds per length (its own ``count_prompts``, the upper bound
+# ``plan`` uses) and the tokens it decodes (``gen_tokens_per_prompt``), turned into FLOPs with the formulas above
+# (prefill 2N + 4 l h q L per prompt token; a decoded token at the same rate at length L), plus the fine-tune's
+# tokens x ``train_flops_per_token``, divided by what THIS device does: a bf16 / fp32 matmul timed once per process
+# (``device_flops``) times ``ASSUMED_MODEL_EFFICIENCY``, plus ``ASSUMED_CALL_OVERHEAD_S`` per layer per forward call.
+# The limit (``cost.limit_s``) is compared with the evaluation's estimate, the suite's cost; the fine-tune's is printed
+# beside it (its recipe, ``train=``, is its budget). Not modelled: the approximate-attention methods' CPU reference
+# loops (``attention.backend=reference``), several times slower than SDPA on a small model (Self-Extend, Landmark).
+ASSUMED_MODEL_EFFICIENCY = 0.25  # ASSUMPTION: share of the timed matmul rate a model's forward reaches (from the
+#   idle throughputs of /work/shared/notes/environment.md on this CPU, 2468 GFLOP/s bf16: SmolLM2's 16k-token forward
+#   in 28 s ~0.33, the 5M tiny model at 1024 tokens ~0.18; SmolLM2 on eval=cpu, nice'd, with the machine at load ~13
+#   from other jobs, took 0.43x its estimate: PPL 0.30x, passkey 0.45x)
+ASSUMED_CALL_OVERHEAD_S = 0.002  # ASSUMPTION: seconds of framework overhead per layer per forward call (CPU)
+DEFAULT_COST_LIMIT_S = 14400.0  # cost.limit_s when the config has none
+_FLOPS: dict = {}
+
+
+def device_flops(device, dtype) -> float:
+    """FLOP/s of a 2048^3 matmul in ``dtype`` on ``device``: the best of repeated calls over about 0.3 s after a
+    warm-up, timed once per process (on a shared machine it reflects the share this process gets now)."""
+    import time
+
+    import torch
+
+    key = (str(device), str(dtype))
+    if key not in _FLOPS:
+        n = 2048
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+        a @ b
+        sync()
+        best, start = float("inf"), time.perf_counter()
+        while time.perf_counter() - start < 0.3 or best == float("inf"):
+            t0 = time.perf_counter()
+            a @ b
+            sync()
+            best = min(best, time.perf_counter() - t0)
+        _FLOPS[key] = 2 * n ** 3 / max(best, 1e-9)
+    return _FLOPS[key]
+
+
+def run_shape(cfg, config=None) -> Shape:
+    """The model's shape: ``config`` (a loaded model's config, as a dict), else the checkpoint the model config
+    names (its folder, its GGUF file, a hub id in the local cache), else ``SHAPES``."""
+    if config is None:
+        from harness.models import MODELS
+
+        name = cfg.model.get("name")
+        try:
+            cls, args = MODELS.args(cfg.model, f"model={name}", name=cfg.model.get("builder") or name)
+            path, gguf = cls.source(args) if hasattr(cls, "source") else (args.path, args.gguf_file)
+        except Exception:  # noqa: BLE001 - an unknown builder: the plan's own lookup below
+            path, gguf = "", ""
+        if gguf:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path, gguf_file=gguf).to_dict()
+        elif path and (Path(path) / "config.json").is_file():
+            config = json.loads((Path(path) / "config.json").read_text())
+    if config is None:
+        return model_shape(cfg)
+    c = config
+    return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                 c.get("num_key_value_heads") or c["num_attention_heads"],
+                 c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["vocab_size"], 3,
+                 bool(c.get("tie_word_embeddings")))
+
+
+def run_cost(cfg, suite, method, config=None, device=None) -> dict:
+    """The estimated cost of one run (the comment above): per suite entry and length the prompts, prompt tokens,
+    generated tokens and seconds; the fine-tune's tokens and seconds; the device rate it rests on."""
+    import torch
+
+    from harness.config import to_args
+    from harness.device import resolve_device
+    from harness.train import TrainArgs
+
+    s = run_shape(cfg, config)
+    dev = device or resolve_device(str(cfg.get("device", "auto")))
+    autocast = str(cfg.get("autocast", "auto"))
+    bf16 = autocast == "bfloat16" or (autocast == "auto" and (dev.type == "cuda" or _cpu_bf16()))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    rate = device_flops(dev, dtype) * ASSUMED_MODEL_EFFICIENCY
+    lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
+    c = int(cfg.model.native_ctx)
+    try:
+        limit = method.max_length(type("H", (), {"native_ctx": c})())
+    except Exception:  # noqa: BLE001 - a limit that needs the loaded model: count every length
+        limit = None
+    per_call = ASSUMED_CALL_OVERHEAD_S * s.layers
+    attn = 4 * s.layers * s.heads * s.head_dim
+    entries, total = {}, 0.0
+    for key, ev in zip(suite.nodes, suite.evaluators):
+        prompts, _ = ev.count_prompts(lengths, limit)
+        gen, _ = gen_tokens_per_prompt(ev)
+        rows = {}
+        for L, n in prompts.items():
+            L, n = int(L), int(n)
+            flops = n * L * (2 * s.matmul_params + attn * L) + n * gen * (2 * s.matmul_params + attn * L)
+            sec = flops / rate + n * (1 + gen) * per_call
+            rows[L] = {"prompts": n, "prompt_tokens": n * L, "generated_tokens": int(n * gen), "seconds": sec}
+            total += sec
+        entries[key] = rows
+    train = None
+    t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
+    if t.enabled:
+        tokens = t.steps() * t.global_batch * t.seq_len
+        _, n_t = trained_params(cfg, s)
+        sec = tokens * train_flops_per_token(s, n_t, method.attention_keys(t.seq_len)) / rate + \
+            t.steps() * 3 * per_call * max(1, t.global_batch // max(1, t.micro_batch))
+        train = {"tokens": tokens, "seconds": sec}
+        total += sec
+    return {"entries": entries, "train": train, "seconds": total, "device": str(dev), "dtype": str(dtype)[6:],
+            "model_flops_per_s": rate, "native_ctx": c}
+
+
+def _cpu_bf16() -> bool:
+    from harness.device import fast_bf16_cpu
+
+    return bool(fast_bf16_cpu())
+
+
+def _dur(sec: float) -> str:
+    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min" if sec < 7200 else f"{sec / 3600:.1f} h"
+
+
+def cost_lines(est: dict) -> list[str]:
+    """The estimate as a few lines: one per suite entry (lengths in units of C, prompts, tokens, time)."""
+    c = est["native_ctx"]
+    out = [f"cost estimate on {est['device']} ({est['dtype']}, {est['model_flops_per_s'] / 1e9:.0f} GFLOP/s = a "
+           f"matmul timed now x ASSUMED efficiency {ASSUMED_MODEL_EFFICIENCY}): about {_dur(est['seconds'])}"]
+    if est["train"]:
+        out.append(f"  fine-tune: {est['train']['tokens']:,} tokens, ~{_dur(est['train']['seconds'])}")
+    for key, rows in est["entries"].items():
+        if not rows:
+            continue
+        lens = ",".join(f"{L / c:g}" for L in rows)
+        n = sum(r["prompts"] for r in rows.values())
+        tok = sum(r["prompt_tokens"] for r in rows.values())
+        gen = sum(r["generated_tokens"] for r in rows.values())
+        sec = sum(r["seconds"] for r in rows.values())
+        out.append(f"  {key}: lengths {lens} x C, {n} prompts, {tok:,} tokens to prefill, {gen:,} to generate, "
+                   f"~{_dur(sec)}")
+    return out
+
+
+def check_cost(cfg, suite, method, config=None, log=None) -> dict:
+    """Estimate the run's cost (:func:`run_cost`), print it, and refuse (one ``ConfigError`` line) a run whose
+    evaluation is estimated beyond ``cost.limit_s`` seconds (0 = no limit), before the model loads. Returns the
+    estimate."""
+    import sys
+
+    from harness.config import ConfigError
+
+    limit = OmegaConf.select(cfg, "cost.limit_s", default=DEFAULT_COST_LIMIT_S)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+        raise ConfigError(f"cost.limit_s: {limit!r} is not a number of seconds (valid: >= 0; 0 = no limit)")
+    est = run_cost(cfg, suite, method, config)
+    for line in cost_lines(est):
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(line)
+    ev = est["seconds"] - (est["train"] or {}).get("seconds", 0)
+    if limit and ev > limit:
+        raise ConfigError(f"cost: this run's evaluation is estimated at {_dur(ev)} on {est['device']}, beyond "
+                          f"cost.limit_s={limit:g} ({_dur(limit)}); use a smaller suite (fewer lengths or samples: "
+                          f"eval=cpu on a real model) or raise the limit (cost.limit_s=<seconds>, 0 = none)")
+    return est

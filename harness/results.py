@@ -92,7 +92,8 @@ def new_run_id() -> str:
 # a key of a group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when
 # they change or when a newer harness adds them
 NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger", "paths.eval_root",
-                      "method.facts")  # method.facts: what the tables know about a method, not a setting
+                      "method.facts",  # method.facts: what the tables know about a method, not a setting
+                      "cost")  # cost.limit_s: a budget checked before the run, not a setting
 
 
 def config_hash(cfg: dict) -> str:

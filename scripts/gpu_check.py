@@ -97,18 +97,7 @@ class PeakMemory(_HydraCallback):
 
 
 # ------------------------------------------------------------------------------------------- the hub subprocess
-def plain_weights(model) -> None:
-    """A model loaded from a GGUF file holds dequantised ``nn.Linear`` weights but keeps transformers' GGUF quantizer
-    marker, which refuses ``save_pretrained``; drop the marker (after checking that no packed GGUF layer is left), so
-    the folder is an ordinary float checkpoint."""
-    packed = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.lower().startswith("gguf")})
-    if packed:
-        raise ValueError(f"the model still has packed GGUF layers {packed}; cannot write a plain checkpoint")
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    for cfg in (model.config, getattr(model.config, "text_config", None)):
-        if cfg is not None and hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
+from harness.models import plain_weights  # noqa: E402 - the GGUF -> plain checkpoint step (scripts/gguf_to_hf.py)
 
 
 def hub_main(source: str, folder: str, need_cuda: bool, ctx: int) -> int:

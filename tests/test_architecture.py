@@ -24,8 +24,9 @@ FLOORS = [
     ("parallel", {"eval_distributed"}),  # data-parallel evaluation: ranks run evaluators; pipeline starts them
     ("lifecycle", {"lifecycle"}),  # a run's row from start to finish: the one writer of results/runs/*.json
     ("orchestration", {"pipeline", "plan", "report", "status", "sweeps"}),
+    ("library", {"api"}),  # the public API (extend, evaluate, save, load): run.py's stages are api.run
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
-    ("entry", {"precheck", "shards", "cli"}),  # cli: the `harness <tool>` console command (runs the scripts)
+    ("entry", {"precheck", "shards", "cli", "lmeval"}),  # cli: `harness <tool>`; lmeval: the model for lm-eval
 ]
 FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 

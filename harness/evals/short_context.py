@@ -164,17 +164,28 @@ def write_task_yamls(data_dir: Path, out: Path, fewshot: dict, tasks: list[str])
     return names
 
 
+_CONTRACT: list = []
+
+
+def contract_class():
+    """lm-eval's ``HFLM`` whose forward goes through ``get_decoder()`` + ``get_output_embeddings()`` (the class,
+    made once: ``harness.lmeval``'s registered model subclasses it)."""
+    if not _CONTRACT:
+        from lm_eval.models.huggingface import HFLM
+
+        class ContractHFLM(HFLM):
+            def _model_call(self, inps, attn_mask=None, labels=None):
+                with torch.no_grad():
+                    out = self.model.get_decoder()(input_ids=inps, use_cache=False)
+                    return self.model.get_output_embeddings()(out.last_hidden_state)
+
+        _CONTRACT.append(ContractHFLM)
+    return _CONTRACT[0]
+
+
 def contract_lm(model, tokenizer, batch_size: int, max_length: int | None):
     """An lm-eval HFLM whose forward goes through ``get_decoder()`` + ``get_output_embeddings()``."""
-    from lm_eval.models.huggingface import HFLM
-
-    class _ContractHFLM(HFLM):
-        def _model_call(self, inps, attn_mask=None, labels=None):
-            with torch.no_grad():
-                out = self.model.get_decoder()(input_ids=inps, use_cache=False)
-                return self.model.get_output_embeddings()(out.last_hidden_state)
-
-    return _ContractHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+    return contract_class()(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
 
 
 def _read_summaries(path: Path) -> dict:
@@ -189,13 +200,63 @@ def _read_summaries(path: Path) -> dict:
     return out
 
 
+_TASK_MANAGERS: dict = {}
+
+
+def task_manager(task: str, include_path: str = ""):
+    """lm-eval's ``TaskManager`` that knows ``task``: the tasks under ``include_path`` alone when the task is one of
+    them, else those plus lm-eval's own (indexing lm-eval's ~15k task files takes seconds); each built once per
+    process."""
+    from lm_eval.tasks import TaskManager
+
+    for defaults in ((False, True) if include_path else (True,)):
+        key = (include_path, defaults)
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=include_path or None, include_defaults=defaults)
+        if task in _TASK_MANAGERS[key].all_tasks or defaults:
+            return _TASK_MANAGERS[key]
+    raise AssertionError("unreachable")
+
+
+def check_offline(task: str, include_path: str, where: str) -> None:
+    """Refuse, in one line, an lm-eval task that is unknown or whose data cannot be read offline: the task is built
+    as lm-eval builds it (its dataset loaded) with ``HF_DATASETS_OFFLINE=1``, so a dataset that is neither local
+    (``dataset_path: json`` + ``data_files``) nor in the local datasets cache fails here, before the model loads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if include_path and not os.path.isdir(include_path):
+        raise ConfigError(f"{where}.include_path: {include_path!r} is not a folder (valid: a folder of lm-eval task "
+                          f"YAMLs, or \"\")")
+    tm = task_manager(task, include_path)
+    if task not in tm.all_tasks:
+        raise ConfigError(f"{where}.tasks: {task!r} is neither one of the local tasks {sorted(DEFAULT_FEWSHOT)} nor an "
+                          f"lm-eval task (lm-eval's own, or a YAML under include_path={include_path or '(none)'!r})")
+    try:
+        tm.load_task_or_group([task])
+    except Exception as e:  # noqa: BLE001 - whatever lm-eval or datasets raise: one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{where}.tasks: lm-eval task {task!r} cannot read its data offline ({type(e).__name__}: "
+                          f"{first[:200]}); valid: a task whose dataset is local (dataset_path: json + data_files) "
+                          f"or already in the datasets cache") from None
+
+
+def _first_metric(res: dict, name: str) -> str:
+    """The first metric lm-eval reports for task ``name`` (its ``metric_list`` order)."""
+    hib = (res.get("higher_is_better") or {}).get(name) or {}
+    if hib:
+        return next(iter(hib))
+    keys = [k.split(",")[0] for k in (res.get("results") or {}).get(name, {}) if "," in k and "stderr" not in k]
+    return keys[0] if keys else "acc"
+
+
 @EVALS.register("short_context")
 class ShortContext:
     metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
 
     def count_prompts(self, lengths, limit):
         """{context budget: documents}: an upper bound (every document at the full budget); the documents per task
-        are ``limit`` or the size of the split lm-eval scores (``SPLIT_DOCS``)."""
+        are ``limit`` or the size of the split lm-eval scores (``SPLIT_DOCS``; an lm-eval task of another name
+        counts ``limit``, or nothing when ``limit`` is 0: its size is not known before it loads)."""
         a = self.args
         budget = int(a.max_length or max(lengths_within(a.lengths, lengths, limit) or [0]))
         n = sum(a.limit or SPLIT_DOCS.get(t, 0) for t in a.tasks)
@@ -206,19 +267,26 @@ class ShortContext:
     class Args(EvalArgs):
         name: str = "short_context"
         data_dir: str = ""  # local data (layout in the module docstring); "" = the shipped fixtures
+        # the four local tasks (DEFAULT_FEWSHOT) and / or any lm-eval task whose data is readable offline
         tasks: list = field(default_factory=lambda: list(DEFAULT_FEWSHOT))
-        num_fewshot: dict = field(default_factory=lambda: dict(DEFAULT_FEWSHOT))
+        num_fewshot: dict = field(default_factory=lambda: dict(DEFAULT_FEWSHOT))  # an lm-eval task: its own default
         limit: int = 0  # documents per lm-eval task (0 = all)
         batch_size: int = 1
         max_length: int = 0  # lm-eval's context limit (it left-truncates); 0 = the model config's
         resume: bool = False
         resume_from: str = ""
+        include_path: str = ""  # a folder of lm-eval task YAMLs (lm-eval's --include_path) for tasks of other names
 
     def __init__(self, args):
-        unknown = [t for t in args.tasks if t not in DEFAULT_FEWSHOT]
-        if unknown:
-            raise ConfigError(f"short_context: unknown tasks {unknown}; known: {sorted(DEFAULT_FEWSHOT)}")
         self.args = args
+
+    def external(self) -> list[str]:
+        """The tasks that are not the four local ones: lm-eval tasks by name."""
+        return [t for t in self.args.tasks if t not in DEFAULT_FEWSHOT]
+
+    def check_data(self, where: str) -> None:
+        for t in self.external():
+            check_offline(t, self.args.include_path, where)
 
     def run(self, handle, method, ctx) -> dict:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -230,38 +298,61 @@ class ShortContext:
         fewshot = {**DEFAULT_FEWSHOT, **{k: int(v) for k, v in a.num_fewshot.items()}}
         data_dir = Path(a.data_dir) if a.data_dir else FIXTURES
         task_dir = Path(ctx.run_dir) / "short_context_tasks"
-        names = write_task_yamls(data_dir, task_dir, fewshot, list(a.tasks))
+        external = self.external()
+        names = write_task_yamls(data_dir, task_dir, fewshot, [t for t in a.tasks if t not in external])
         out_path = ctx.samples_path("short_context")
         prev = _read_summaries(Path(a.resume_from) if a.resume_from else out_path) if a.resume else {}
-        todo = [t for t in a.tasks if (t, fewshot[t], a.limit) not in prev]
-        scores, n_docs = {}, {}
+        todo = [t for t in a.tasks if (t, fewshot.get(t), a.limit) not in prev]
+        scores, n_docs, metric = {}, {}, {t: METRIC.get(t) for t in a.tasks}
         for t in a.tasks:
             if t not in todo:
-                scores[t], n_docs[t] = prev[(t, fewshot[t], a.limit)]["score"], prev[(t, fewshot[t], a.limit)]["n"]
+                done = prev[(t, fewshot.get(t), a.limit)]
+                scores[t], n_docs[t], metric[t] = done["score"], done["n"], done.get("metric", metric[t])
+        seeds = dict(random_seed=ctx.seed, numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
+                     fewshot_random_seed=ctx.seed)
         if todo:
             lm = contract_lm(handle.model, handle.tokenizer, a.batch_size, a.max_length or None)
-            tm = TaskManager(include_path=str(task_dir), include_defaults=False)
-            res = simple_evaluate(model=lm, tasks=[n for t in todo for n in names[t]], limit=a.limit or None,
-                                  task_manager=tm, bootstrap_iters=0, log_samples=True, random_seed=ctx.seed,
-                                  numpy_random_seed=ctx.seed, torch_random_seed=ctx.seed,
-                                  fewshot_random_seed=ctx.seed)
-            for t in todo:
-                tot, n = 0.0, 0
-                for name in names[t]:
-                    samples = res["samples"][name]
-                    m = METRIC[t]
-                    vals = [float(s[m]) for s in samples]
-                    tot += sum(vals)
-                    n += len(vals)
-                    write_jsonl(out_path, [{"task": t, "lm_eval_task": name, "doc_id": s["doc_id"],
-                                            "target": str(s.get("target")), m: float(s[m]),
-                                            "loglikelihoods": [float(r[0]) for r in s.get("filtered_resps", [])]}
-                                           for s in samples])
-                scores[t] = round(100 * tot / n, 2) if n else None
-                n_docs[t] = n
-                write_jsonl(out_path, [{"kind": "task_summary", "task": t, "num_fewshot": fewshot[t],
-                                        "limit": a.limit, "score": scores[t], "n": n, "metric": METRIC[t]}])
+            runs = []  # (our tasks, lm-eval results): the local tasks together, each lm-eval task on its own
+            local = [t for t in todo if t not in external]
+            if local:
+                tm = TaskManager(include_path=str(task_dir), include_defaults=False)
+                runs.append((local, simple_evaluate(model=lm, tasks=[n for t in local for n in names[t]],
+                                                    limit=a.limit or None, task_manager=tm, bootstrap_iters=0,
+                                                    log_samples=True, **seeds)))
+            for t in [t for t in todo if t in external]:
+                res = simple_evaluate(model=lm, tasks=[t], limit=a.limit or None, num_fewshot=fewshot.get(t),
+                                      task_manager=task_manager(t, a.include_path), bootstrap_iters=0,
+                                      log_samples=True, **seeds)
+                names[t] = sorted(res["samples"])
+                runs.append(([t], res))
+            for ts, res in runs:
+                for t in ts:
+                    scores[t], n_docs[t], metric[t] = self._score(t, names[t], res, out_path)
+                    write_jsonl(out_path, [{"kind": "task_summary", "task": t, "num_fewshot": fewshot.get(t),
+                                            "limit": a.limit, "score": scores[t], "n": n_docs[t],
+                                            "metric": metric[t]}])
         vals = [v for v in scores.values() if v is not None]
         return {"tasks": scores, "average": round(sum(vals) / len(vals), 2) if vals else None,
-                "metric": {t: METRIC[t] for t in a.tasks}, "num_fewshot": {t: fewshot[t] for t in a.tasks},
+                "metric": {t: metric[t] for t in a.tasks}, "num_fewshot": {t: fewshot.get(t) for t in a.tasks},
                 "n": n_docs, "data": a.data_dir or "fixtures"}
+
+    @staticmethod
+    def _score(t: str, names: list[str], res: dict, out_path: Path):
+        """(score, documents, metric) of our task ``t`` over its lm-eval tasks ``names``: the mean of the
+        per-document metric (x100 when every value lies in [0, 1], as accuracies do); the records go to
+        ``out_path``."""
+        vals, m = [], METRIC.get(t)
+        for name in names:
+            samples = res["samples"][name]
+            m = METRIC.get(t) or _first_metric(res, name)
+            mine = [float(s[m]) for s in samples]
+            vals += mine
+            write_jsonl(out_path, [{"task": t, "lm_eval_task": name, "doc_id": s["doc_id"],
+                                    "target": str(s.get("target")), m: v,
+                                    "loglikelihoods": [float(r[0]) for r in s.get("filtered_resps", [])
+                                                       if isinstance(r, (list, tuple))]}
+                                   for s, v in zip(samples, mine)])
+        if not vals:
+            return None, 0, m
+        scale = 100 if all(0 <= v <= 1 for v in vals) else 1
+        return round(scale * sum(vals) / len(vals), 2), len(vals), m

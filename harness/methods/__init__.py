@@ -258,7 +258,9 @@ RECORDS = ("checkpoint_rope", "checkpoint_attention")  # records in params(), no
 def _records_checkpoint_rope(apply):
     """Wrap a method's ``apply``: when the model's config carried a rope scaling before the method ran (the first
     time a method sees this model), record it and whether the method replaced it; record a config sliding window
-    the method does not apply (``_blockwise.install``)."""
+    the method does not apply (``_blockwise.install``). The model keeps what a save needs (``_persist``): its state
+    before the first method (``harness_before``), the method applied and the window C (``harness_method``,
+    ``harness_native_ctx``)."""
 
     @functools.wraps(apply)
     def wrapped(self, handle, *args, **kwargs):
@@ -268,9 +270,13 @@ def _records_checkpoint_rope(apply):
         if getattr(model, "config", None) is None:  # not a transformers model (a stand-in in a unit test)
             return apply(self, handle, *args, **kwargs)
         if not hasattr(model, "harness_checkpoint_rope"):
+            from harness.methods._persist import snapshot
+
             model.harness_checkpoint_rope = scaled_rope(model.config)
+            model.harness_before = snapshot(model)  # the model as loaded: what a save restores for a method
         self.checkpoint_rope = self.checkpoint_attention = None  # this model's records only
         out = apply(self, handle, *args, **kwargs)
+        model.harness_method, model.harness_native_ctx = self, int(handle.native_ctx)  # what save() records
         before = model.harness_checkpoint_rope
         if before is not None:
             after = scaled_rope(model.config)

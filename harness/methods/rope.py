@@ -99,6 +99,11 @@ def inv_freq_of(model) -> torch.Tensor:
 # Additions for the RoPE family (issue 3): registering rope types, length-dependent frequencies, KV-cache refresh.
 # ------------------------------------------------------------------------------------------------------------------
 
+# the rope types this harness adds to transformers' registry: plain transformers (without ``harness`` imported) does not
+# know them, so a model using one is not saved as a standard config (``harness.methods._persist``)
+HARNESS_ROPE_TYPES: set[str] = set()
+
+
 def register_rope_type(name: str, fn, required=("rope_type",), optional=()) -> None:
     """Register ``fn(config, device=None, seq_len=None, layer_type=None) -> (inv_freq, attention_factor)`` as
     transformers rope type ``name`` (``ROPE_INIT_FUNCTIONS``), plus a key validator on the config mixin so
@@ -106,6 +111,7 @@ def register_rope_type(name: str, fn, required=("rope_type",), optional=()) -> N
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
     ROPE_INIT_FUNCTIONS[name] = fn
+    HARNESS_ROPE_TYPES.add(name)
     req, opt = set(required) | {"rope_type"}, set(optional) | {"rope_theta", "partial_rotary_factor"}
 
     def _validate(self, rope_parameters, ignore_keys=None):

@@ -283,6 +283,55 @@ def build_model(cfg, device=None, device_map=None) -> ModelHandle:
     return handle
 
 
+def plain_weights(model) -> None:
+    """A model loaded from a GGUF file holds dequantised ``nn.Linear`` weights but keeps transformers' GGUF quantizer
+    marker, which refuses ``save_pretrained``; drop the marker (after checking that no packed GGUF layer is left), so
+    the folder is an ordinary float checkpoint."""
+    packed = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.lower().startswith("gguf")})
+    if packed:
+        raise ValueError(f"the model still has packed GGUF layers {packed}; cannot write a plain checkpoint")
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    for cfg in (model.config, getattr(model.config, "text_config", None)):
+        if cfg is not None and hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+
+
+def gguf_to_folder(source: str, out: str, dtype: str = "float32", log=print) -> dict:
+    """Write a Hugging Face folder (config, safetensors weights, tokenizer) from a GGUF file, dequantised to
+    ``dtype``: ``source`` is a ``.gguf`` file or a registered model that ships one (``smollm2_135m``). Refuses an
+    output folder that exists and is not empty. Returns what was written (folder, window C, parameters, dtype)."""
+    from pathlib import Path
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype: {dtype!r} is not a weights dtype (valid: {', '.join(DTYPES)})")
+    dest = Path(out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an empty folder (valid: a new or empty folder)")
+    if str(source).endswith(".gguf"):
+        f = Path(source)
+        if not f.is_file():
+            raise ConfigError(f"{source}: no such GGUF file")
+        directory, name = str(f.resolve().parent), f.name
+    else:
+        cls, args = MODELS.args({"name": source}, f"model={source}")
+        if not hasattr(cls, "source"):
+            raise ConfigError(f"{source!r}: neither a .gguf file nor a registered model that ships one")
+        directory, name = cls.source(args)
+        if not name:
+            raise ConfigError(f"model {source!r} does not load from a GGUF file (valid: a .gguf path, or "
+                              f"smollm2_135m)")
+    log(f"gguf: loading {directory}/{name} (dequantised to {dtype}; ~15 s for SmolLM2-135M)")
+    model, tok = load_pretrained(directory, dtype, "sdpa", gguf_file=name)
+    plain_weights(model)
+    log(f"gguf: writing {dest}")
+    model.save_pretrained(dest)
+    tok.save_pretrained(dest)
+    return {"folder": str(dest), "source": f"{directory}/{name}",
+            "native_ctx": int(getattr(model.config, "max_position_embeddings", 0) or 0),
+            "parameters": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+
+
 def load_model(name: str, **overrides) -> ModelHandle:
     """Convenience for scripts and tests: load a registered model with its YAML defaults plus overrides."""
     from harness.conf_utils import group_defaults

@@ -22,6 +22,7 @@ from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model, check_device, check_fits, choose_device_map
+from harness.safe import UnsafeName, check_name
 from harness.train import TrainArgs
 
 
@@ -87,6 +88,7 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     the valid range. ``suite``: the config's ``eval.suite`` when the caller already built it (``harness.shards``:
     checked here, not built again)."""
     c = native_ctx(cfg)
+    check_names(cfg)
     check_seed(cfg.get("seed", 0), "seed")
     check_model_files(cfg.model)
     method = build_method(cfg.method)
@@ -115,6 +117,20 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     else:
         check_suite(suite.nodes, c, data=data, evaluators=suite.evaluators)
     return Setup(method, train, suite)
+
+
+def check_names(cfg) -> None:
+    """The names that become file names or table columns (each group's ``name``, each suite entry) are safe names
+    (``harness.safe.check_name``): a name from a setting never becomes a path."""
+    try:
+        for g in results.GROUPS:
+            node = cfg.get(g)
+            if node is not None and node.get("name") is not None:
+                check_name(node.get("name"), f"{g}.name")
+        for key in (cfg.eval.get("suite") or {}):
+            check_name(str(key), "eval.suite entry")
+    except UnsafeName as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_seed(value, key: str) -> None:

@@ -88,20 +88,14 @@ def versus_base(row: dict, results_dir) -> str | None:
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
     perplexity (the ratio to the base, paired Student t over the same windows). ``None`` when there is no such base
     row (``make run`` writes one first)."""
-    import json
-    from pathlib import Path
-
+    from harness.results import read_rows
     from harness.stats import ppl_ratio, wilson
 
     if row.get("method") == "base" and not row.get("train_info"):
         return None
     cfg = row.get("config") or {}
     best = None
-    for p in sorted(Path(results_dir, "runs").glob("*.json")):
-        try:
-            r = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for r in read_rows(results_dir, warn=lambda m: None):  # the one bounded reader (warnings: make status's job)
         rc = r.get("config") or {}
         if (r.get("status") == "ok" and r.get("method") == "base" and not r.get("train_info")
                 and r.get("model") == row.get("model") and rc.get("eval") == cfg.get("eval")

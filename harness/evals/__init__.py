@@ -96,7 +96,9 @@ class EvalContext:
         return self.rank == 0
 
     def samples_path(self, evaluator: str) -> Path:
-        p = Path(self.run_dir) / "samples" / f"{evaluator}.jsonl"
+        from harness.safe import safe_file
+
+        p = safe_file(Path(self.run_dir) / "samples", evaluator, ".jsonl", "suite entry")
         if self.is_main:
             p.parent.mkdir(parents=True, exist_ok=True)
         return p

@@ -84,6 +84,8 @@ def sbatch_value(value, what: str = "#SBATCH value") -> str:
     is double-quoted with ``\\`` and ``"`` escaped. A newline / CR / NUL is refused (it would end the line and start
     another directive or a shell command)."""
     s = check_line_safe(value, what)
+    if re.fullmatch(r"[\w@%+=:,./-]+", s):
+        return s  # nothing Slurm's parser would split or strip
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import safe
-from harness.results import read_rows, read_rows_in
+from harness.results import read_rows
 from tests.conftest import ROOT
 
 
@@ -114,3 +114,67 @@ def test_an_empty_environment_setting_counts_as_unset(monkeypatch):
     cfg = compose([])
     assert cfg.paths.results_dir == "results" and cfg.paths.output_dir == "outputs"
     assert safe.env_setting("HARNESS_RESULTS_DIR", "results") == "results"
+
+
+# ------------------------------------------------------------------------------------------ 2. shell text quoted
+FAKE_SRUN = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["SRUN_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+@pytest.mark.integration
+def test_rendered_sbatch_runs_no_shell_text_from_a_setting(tmp_path):
+    """The security case of issue 46: ``paths.output_dir='/x/sb out $(touch /x/PWNED)'`` rendered a script that ran
+    the ``touch`` (``RUN_DIR=`` unquoted), and ``python run.py $OVERRIDES`` split an override with spaces. Rendered
+    and run under a fake ``srun`` that records its argv: nothing runs, each override is one argument."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from tests.conftest import load_file_module
+
+    render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py", "render_sbatch_safety")
+    x = tmp_path / "x"
+    x.mkdir()
+    out_dir = f"{x}/sb out $(touch {x}/PWNED1) `touch {x}/PWNED2` \"q\" it's"
+    overrides = ["experiment=tiny_study", "point=tiny_study/base",
+                 "paths.output_dir='" + out_dir.replace("'", "\\'") + "'",
+                 f"+model.note='my model dir; touch {x}/PWNED3'"]
+    text = render_sbatch.render(overrides)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", FAKE_SRUN), ("scontrol", "#!/bin/sh\necho node0\n")):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "srun.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SRUN_LOG": str(log),
+           "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "7", "SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "node0",
+           "SLURM_CPUS_PER_TASK": "4", "HARNESS_CKPT_DIR": str(tmp_path / "ck")}
+    p = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert not list(x.glob("PWNED*")) and not list(tmp_path.glob("PWNED*")), "a setting ran as shell text"
+    argv = json.loads(log.read_text().splitlines()[0])
+    run_args = argv[argv.index("run.py") + 1:]
+    assert sorted(run_args[:-1]) == sorted(overrides), run_args  # each override one argument, unchanged
+    parsed = OverridesParser.create().parse_overrides(run_args)
+    assert parsed[-1].key_or_group == "hydra.run.dir" and parsed[-1].value() == f"{out_dir}/slurm/tiny_study/7_0"
+    assert next(o.value() for o in parsed if o.key_or_group == "paths.output_dir") == out_dir
+    # the #SBATCH line holds the value as one double-quoted word of Slurm's parser
+    line = next(ln for ln in text.splitlines() if ln.startswith("#SBATCH --output="))
+    assert line.startswith('#SBATCH --output="') and line.endswith('/%A_%a.out"')
+
+
+def test_a_value_no_script_line_can_carry_is_refused_at_render_time(tmp_path, capsys):
+    from tests.conftest import load_file_module
+
+    render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py", "render_sbatch_safety2")
+    with pytest.raises(SystemExit) as e:
+        render_sbatch.main(["experiment=tiny_study", "point=tiny_study/base", "paths.output_dir='/x/a\nb'",
+                            "--out", str(tmp_path / "x.sbatch")])
+    assert "\n" not in str(e.value) and "override" in str(e.value) and "'\\n'" in str(e.value)
+    assert not (tmp_path / "x.sbatch").exists()
+    with pytest.raises(safe.UnsafeName):
+        safe.sbatch_value("a\nb")
+    assert safe.sbatch_value('a "b" \\c') == '"a \\"b\\" \\\\c"'

@@ -22,8 +22,9 @@ from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
 from harness.models import build_model, check_device, check_fits, choose_device_map
-from harness.safe import UnsafeName, check_name
+from harness.safe import NonFinite, UnsafeName, check_finite, check_name
 from harness.train import TrainArgs
+from harness.train.step import check_finite_weights
 
 
 def native_ctx(cfg) -> int:
@@ -217,6 +218,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    check_finite_weights(handle.model, f"fine-tuning ({info.get('steps', '?')} steps)")  # the last update's NaN
     # the method's own stage on the tuned model, before the gate sees it (LongRoPE: its short factors' search)
     info.update(method.after_finetune(handle, StageContext(Path(run_dir), int(cfg.seed),
                                                            str(cfg.get("autocast", "auto")), search)) or {})
@@ -226,6 +228,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         tuned = convergence.measure(handle, method, run_seed=int(cfg.seed),
                                     autocast=str(cfg.get("autocast", "auto")))
         info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
+    check_finite(info, "train_info")  # the gate's PPL of a diverged model: a failure, named
     out = Path(run_dir) / "checkpoint"
     handle.model.save_pretrained(out)
     handle.tokenizer.save_pretrained(out)
@@ -275,7 +278,11 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
     for key, ev in zip(suite.nodes, suite.evaluators):
         ctx.entry = key
         t0 = time.time()
-        out = ev.run(handle, method, ctx)
+        try:
+            out = ev.run(handle, method, ctx)
+        except OverflowError as e:  # a derived number (exp of a mean NLL) out of range: the entry names where
+            raise NonFinite(f"eval.suite.{key}: a derived number overflowed ({e}; a diverged model?)") from None
+        check_finite(out, f"eval.suite.{key}")  # a non-finite metric fails the row, naming the entry and the value
         yield key, out, round(time.time() - t0, 2), eval_version(ev)
 
 

@@ -114,6 +114,18 @@ def nonfinite(obj, where: str = "", depth: int = 64, replace: bool = False) -> l
     return sorted(out)
 
 
+class NonFinite(FloatingPointError):
+    """A result holds a NaN or an infinity (or a derived number overflowed): a failure, not a result."""
+
+
+def check_finite(obj, where: str) -> None:
+    """Raise ``NonFinite`` naming ``where`` and the first non-finite values of ``obj`` (``nonfinite``)."""
+    bad = nonfinite(obj)
+    if bad:
+        raise NonFinite(f"{where}: non-finite {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} (a non-finite "
+                        f"number is a failure, not a result)")
+
+
 def _is_nonfinite(x) -> bool:
     if isinstance(x, (bool, str, bytes, dict, list, tuple)) or x is None:
         return False

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import safe
-from harness.results import read_rows
+from harness.results import read_rows, read_rows_in
 from tests.conftest import ROOT
 
 
@@ -178,3 +178,83 @@ def test_a_value_no_script_line_can_carry_is_refused_at_render_time(tmp_path, ca
     with pytest.raises(safe.UnsafeName):
         safe.sbatch_value("a\nb")
     assert safe.sbatch_value('a "b" \\c') == '"a \\"b\\" \\\\c"'
+
+
+# ------------------------------------------------------------------------------------------ 3. non-finite = failure
+class _Stub:
+    """An evaluator that returns (or raises) what it is given."""
+
+    version = 1
+
+    def __init__(self, out):
+        self.out = out
+
+    def run(self, handle, method, ctx):
+        if isinstance(self.out, BaseException):
+            raise self.out
+        return self.out
+
+
+@pytest.mark.parametrize("out, words", [({"ppl": {"256": float("nan")}, "documents": 1}, "ppl.256 = nan"),
+                                        ({"accuracy": {"256": float("inf")}}, "accuracy.256 = inf"),
+                                        (OverflowError("math range error"), "overflowed (math range error")])
+def test_a_non_finite_metric_or_an_overflow_fails_the_entry_by_name(tmp_path, out, words):
+    from omegaconf import OmegaConf
+
+    from harness.models import ModelHandle
+    from harness.pipeline import Suite, evaluations
+
+    cfg = OmegaConf.create({"seed": 0, "eval_world_size": 1, "autocast": "float32", "eval_batch_tokens": 0})
+    handle = ModelHandle(None, None, "x", 32)
+    suite = Suite({"ok": {}, "bad": {}}, [_Stub({"accuracy": {"256": 0.5}}), _Stub(out)])
+    got = []
+    with pytest.raises(safe.NonFinite, match=r"eval\.suite\.bad: .*" + words.replace("(", r"\(").replace(".", r"\.")):
+        for key, *_ in evaluations(cfg, handle, None, tmp_path, suite):
+            got.append(key)
+    assert got == ["ok"]  # what came before is still yielded (recorded)
+
+
+@pytest.mark.integration
+def test_the_last_update_of_a_diverging_run_is_caught_in_the_weights(tmp_path):
+    """The last update of a diverging run: its loss is finite (read before the update) but its gradient is not
+    (lr=1e9 on run.py's tiny_llama: 2 steps with losses 8.3 and finite, NaN weights after, and an ``ok`` row with a
+    NaN perplexity). Here a hook makes the one step's gradient NaN; ``pipeline.finetune`` checks the weights."""
+    import numpy as np
+
+    from harness.methods import build_method
+    from harness.models import ModelHandle
+    from harness.train import TrainArgs
+    from harness.train.loop import finetune
+    from harness.train.step import check_finite_weights
+    from tests.conftest import random_llama
+
+    model = random_llama(vocab=64, hidden=32, layers=1, heads=2, ctx=32)
+    model.lm_head.weight.register_hook(lambda g: g * float("nan"))
+    chunks = np.random.default_rng(0).integers(0, 64, size=(4, 16))
+    a = TrainArgs(name="t", enabled=True, seq_len=16, tokens=16 * 2, global_batch=2, autocast="float32", ema=False)
+    finetune(ModelHandle(model, None, "x", 32), build_method({"name": "base"}), chunks, a, tmp_path, "fp")
+    with pytest.raises(safe.NonFinite, match=r"fine-tuning: non-finite weights in \w"):
+        check_finite_weights(model, "fine-tuning")
+
+
+def test_an_old_rows_non_finite_metric_is_read_as_missing_with_a_warning(tmp_path, capsys):
+    """A NaN row silently replaced the base's values in 10 tables; now its non-finite numbers are missing."""
+    from harness.tables import build_all
+
+    nan_row = _row("r9", "base", time_end="2027-01-01T00:00:00")
+    nan_row["metrics"]["passkey"]["accuracy"]["1024"] = float("nan")
+    _write_rows(tmp_path, {"r0.json": _row("r0"), "r1.json": _row("r1", "pi"), "nan.json": nan_row})
+    rows = read_rows_in(tmp_path / "runs")
+    err = capsys.readouterr().err
+    assert "nan.json: non-finite metrics.passkey.accuracy.1024 = nan read as missing" in err
+    assert [r["metrics"]["passkey"]["accuracy"]["1024"] for r in rows if r["run_id"] == "r9"] == [None]
+    build_all(tmp_path, figures=False)
+    assert not any("NaN" in p.read_text() for p in (tmp_path / "tables").glob("*.md"))
+
+
+def test_a_ppl_that_overflows_is_no_interval():
+    from harness import stats
+
+    assert stats.ppl_interval([1000.0, 1001.0, 1002.0]) is None
+    assert stats.ppl_ratio([1000.0, 1001.0, 1002.0], [0.0, 0.0, 0.0]) is None
+    assert stats.ppl_interval([1.0, 1.1, 1.2])[0] == pytest.approx(3.004, rel=1e-3)

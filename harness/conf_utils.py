@@ -103,11 +103,16 @@ def checkpoint_config(path: str) -> dict:
     return out
 
 
+# other spellings of a field in configs that predate the common name (GPT-2's n_positions is its window)
+ALIASES = {"max_position_embeddings": ("n_positions", "n_ctx", "max_sequence_length", "seq_length")}
+
+
 def _hf_config(path, key, default=None):
     """``${hf_config:${model.path},max_position_embeddings}``: a field of the checkpoint's ``config.json``."""
     cfg = checkpoint_config(path)
-    if key in cfg:
-        return cfg[key]
+    for k in (key, *ALIASES.get(key, ())):
+        if k in cfg:
+            return cfg[k]
     if default is not None:
         return default
     raise ValueError(f"model.path: {path}'s config.json has no {key!r}; set it on the command line")

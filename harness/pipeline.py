@@ -21,7 +21,7 @@ from harness.evals import max_length as eval_max_length
 from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
-from harness.models import build_model, check_device, check_fits, choose_device_map
+from harness.models import build_model, check_device, check_fits, choose_device_map, hf_config
 from harness.safe import NonFinite, UnsafeName, check_finite, check_name
 from harness.train import TrainArgs
 from harness.train.step import check_finite_weights
@@ -99,6 +99,7 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     if train.enabled and cfg.get("data") is not None:
         check_budget(cfg.data, train.name, train.tokens)  # the data is meant for this recipe's token budget
     method.check(c, train)
+    method.check_model(hf_config(cfg.model), c)  # what the method needs of the model, before any weights load
     if data:
         method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")

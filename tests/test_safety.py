@@ -258,3 +258,55 @@ def test_a_ppl_that_overflows_is_no_interval():
     assert stats.ppl_interval([1000.0, 1001.0, 1002.0]) is None
     assert stats.ppl_ratio([1000.0, 1001.0, 1002.0], [0.0, 0.0, 0.0]) is None
     assert stats.ppl_interval([1.0, 1.1, 1.2])[0] == pytest.approx(3.004, rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------ 4. methods' needs
+def _gpt2_folder(tmp_path) -> Path:
+    """A GPT-2 checkpoint folder without weights: its config and a tokenizer file (the check must come first)."""
+    from transformers import GPT2Config
+
+    d = tmp_path / "gpt2"
+    GPT2Config(n_positions=256, n_embd=32, n_layer=1, n_head=2, vocab_size=64, bos_token_id=0,
+               eos_token_id=0).save_pretrained(d)
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+@pytest.mark.parametrize("method", ["pi", "yarn", "self_extend", "longlora"])
+def test_a_rope_method_refuses_a_model_without_rope_before_loading(tmp_path, method):
+    """``model=hub`` on a GPT-2 folder with ``method=pi`` gave an ``ok`` row identical to the base (yarn with
+    training: an IndexError); the folder here has no weights, so only a check before loading can answer."""
+    from harness import pipeline
+    from harness.conf_utils import compose
+    from harness.config import ConfigError
+
+    d = _gpt2_folder(tmp_path)
+    cfg = compose(["model=hub", f"model.path={d}", f"method={method}", "train=none", "eval=quick",
+                   "eval.lengths=[256]"])
+    assert cfg.model.native_ctx == 256
+    with pytest.raises(ConfigError, match=rf"method={method}: the model \(gpt2\) has no rotary position embeddings"):
+        pipeline.setup(cfg, data=False)
+    pipeline.setup(compose(["model=hub", f"model.path={d}", "method=base", "train=none", "eval=quick",
+                            "eval.lengths=[256]"]), data=False)  # the base runs any model
+
+
+def test_a_blockwise_method_refuses_a_rope_type_it_cannot_keep(tmp_path):
+    from transformers import LlamaConfig
+
+    from harness.config import ConfigError
+    from harness.methods import build_method
+
+    cfg = LlamaConfig(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                       "original_max_position_embeddings": 64})
+    with pytest.raises(ConfigError, match="method=self_extend: the model's rope type is 'yarn'"):
+        build_method({"name": "self_extend"}).check_model(cfg, 512)
+    build_method({"name": "pi"}).check_model(cfg, 512)  # a RoPE method replaces it
+
+
+def test_a_one_token_window_is_refused():
+    from harness import pipeline
+    from harness.conf_utils import compose
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"native window C = 1 tokens is below the 16"):
+        pipeline.setup(compose(["method=base", "train=none", "eval=quick", "model.native_ctx=1"]), data=False)

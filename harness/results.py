@@ -91,17 +91,32 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-# keys that say where and how a run executes, or what a config group is for, not what the run measures (dotted:
-# a key of a group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when
-# they change or when a newer harness adds them
-NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger", "paths.eval_root",
+# keys that say where and how a run executes (placement: folders, devices, ranks, the logger), how often it saves or
+# logs, or what a config group is for, not what the run measures (dotted: a key of a group; a bare group name: the
+# whole group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when they
+# change or when a newer harness adds them. tests/test_config_hash.py lists what is in and what is out.
+NOT_IN_CONFIG_HASH = ("paths", "device", "eval_world_size", "logger",
+                      "data.cache_dir", "data.max_tokens", "data.scale", "data.larger",
+                      "train.save_every", "train.log_every", "train.keep_checkpoints",
                       "method.facts")  # method.facts: what the tables know about a method, not a setting
+# the rule before issue 46 (paths and the bookkeeping keys were in): a row's recorded hash under it is not an edit
+LEGACY_NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger",
+                             "paths.eval_root", "method.facts")
 
 
-def config_hash(cfg: dict) -> str:
+def config_hash(cfg: dict, rule: tuple = NOT_IN_CONFIG_HASH) -> str:
     if isinstance(cfg, dict):
-        cfg = _without(cfg, NOT_IN_CONFIG_HASH)
+        cfg = _without(cfg, rule)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_hash(row: dict) -> str | None:
+    """A row's config hash recomputed from its recorded ``config`` under today's rule (``NOT_IN_CONFIG_HASH``):
+    what ``make study`` and the tables match on, so that a row written with other folders (``HARNESS_CKPT_DIR``) or
+    under the older rule still matches its point, and a hand-edited ``config_hash`` matches nothing it was not run
+    with. The recorded value for a row without a config (a command line that never composed)."""
+    cfg = row.get("config")
+    return config_hash(cfg) if isinstance(cfg, dict) and cfg else row.get("config_hash")
 
 
 def _without(cfg: dict, keys) -> dict:
@@ -486,8 +501,9 @@ def read_row_file(path: str | Path, warn=None, root: str | Path | None = None) -
     """The row in ``path``, or None after one warning naming the file and why it is not a row (``read_json_file``:
     not a regular file, too large or too deep, not JSON; ``check_row``: not a row). A finite-looking row's non-finite
     numbers (``NaN``, ``Infinity`` in ``metrics`` / ``train_info``: an old row, before non-finite results failed the
-    run) are read as missing (None), with one warning naming them. The one reader of row files: ``make status``, the
-    tables, the export, the findings and ``make study`` all go through it."""
+    run) are read as missing (None), with one warning naming them; its ``config_hash`` is recomputed from its
+    ``config`` (``row_hash``: committed rows are never rewritten for a new hash rule). The one reader of row files:
+    ``make status``, the tables, the export, the findings and ``make study`` all go through it."""
     warn = warn or (lambda m: print(m, file=sys.stderr, flush=True))
     row, why = read_json_file(path, root)
     if why is None:
@@ -495,6 +511,12 @@ def read_row_file(path: str | Path, warn=None, root: str | Path | None = None) -
     if why:
         warn(f"warning: skipping {path}: {why}")
         return None
+    recorded, now = row.get("config_hash"), row_hash(row)
+    if recorded != now:  # under today's rule; a hash of neither rule was edited by hand (or the config was)
+        if recorded not in (None, config_hash(row.get("config"), LEGACY_NOT_IN_CONFIG_HASH)):
+            warn(f"warning: {path}: config_hash {str(recorded)[:20]!r} is not the hash of its recorded config; "
+                 f"using the recomputed {now}")
+        row["config_hash"] = now
     bad = [f"{k}.{p}" for k in ("metrics", "train_info") if isinstance(row.get(k), dict)
            for p in nonfinite(row[k], replace=True)]
     if bad:

@@ -310,3 +310,25 @@ def test_a_one_token_window_is_refused():
 
     with pytest.raises(ConfigError, match=r"native window C = 1 tokens is below the 16"):
         pipeline.setup(compose(["method=base", "train=none", "eval=quick", "model.native_ctx=1"]), data=False)
+
+
+# ------------------------------------------------------------------------------------------ 5. study points locked
+def test_two_studies_share_the_points_through_a_lock_per_point(tmp_path):
+    """Two ``make study`` at once ran the same point twice; now the first to claim a point holds its lock, the other
+    skips it, and a point finished since the plan is not run again."""
+    from tests.conftest import load_file_module
+
+    study = load_file_module(ROOT / "scripts" / "study.py", "study_lock_test")
+    job = {"hash": "00aa11bb22cc33dd", "label": "point=x"}
+    first, why = study.claim(str(tmp_path), job)
+    assert first is not None and why is None
+    second, why = study.claim(str(tmp_path), job)  # another process's claim (its own lock file handle)
+    assert second is None and "another make study" in why
+    first.release()
+    cfg = {"model": {"name": "tiny_llama"}, "seed": 7}
+    from harness.results import config_hash
+
+    job = {"hash": config_hash(cfg), "label": "point=y"}
+    _write_rows(tmp_path, {"r.json": _row("r", config=cfg, config_hash="hand-edited")})
+    again, why = study.claim(str(tmp_path), job)
+    assert again is None and why == "done since the plan (row r)"

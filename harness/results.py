@@ -28,6 +28,8 @@ import json
 import os
 import platform
 import secrets
+import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -214,6 +217,112 @@ def atomic_write(path: str | Path, writer) -> None:
         raise
 
 
+# ------------------------------------------------------------------------------------------- folders swapped whole
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def signals_held():
+    """Hold SIGTERM / SIGINT / SIGHUP for the block (delivered when it ends): a few renames that must all happen."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextmanager
+def terminate_raises():
+    """SIGTERM raises ``SystemExit(143)`` in the main thread for the block (else the process dies at once, and no
+    ``finally`` removes a half-written temporary file or folder)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class Staged:
+    """The new versions of some folders, written beside them (``replacing_dirs``): ``path(final)`` is where the new
+    contents go; ``on_commit(fn)`` runs ``fn`` right after the swap, signals still held (a file that must match)."""
+
+    def __init__(self, dirs: dict):
+        self.dirs, self.hooks = dirs, []
+
+    def path(self, final) -> Path:
+        return self.dirs[Path(final)]
+
+    def on_commit(self, fn) -> None:
+        self.hooks.append(fn)
+
+
+STALE_STAGING_S = 3600.0  # a staging folder older than this is a leftover of a killed writer (SIGKILL)
+
+
+@contextmanager
+def replacing_dirs(targets: dict):
+    """Replace whole folders at once: ``targets`` maps each final folder to ``owned(name)``, whether a file of the
+    old folder is the writer's (replaced; ``*.md`` of a tables folder) or someone else's (moved into the new one).
+    The block writes the new contents into hidden folders beside the finals (``Staged.path``); when it returns, each
+    final is swapped for its new folder by two renames with SIGTERM / SIGINT / SIGHUP held, then the old ones are
+    removed. When the block fails (a full disk) or is terminated (SIGTERM raises, ``terminate_raises``), the new
+    folders are removed and the finals stay as they were: a reader sees the previous files or the new ones, never a
+    mix. Yields a ``Staged``."""
+    targets = {Path(k): v for k, v in targets.items()}
+    dirs = {}
+    with terminate_raises():
+        try:
+            for final in map(Path, targets):
+                final.parent.mkdir(parents=True, exist_ok=True)
+                _remove_stale_staging(final)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.new-", dir=final.parent))
+                os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the published folder from teammates
+                dirs[final] = tmp
+            stage = Staged(dirs)
+            yield stage
+            olds = []
+            with signals_held():
+                for final, tmp in dirs.items():
+                    old = None
+                    if final.exists():
+                        old = final.parent / f".{final.name}.old-{secrets.token_hex(4)}"
+                        os.rename(final, old)
+                    os.rename(tmp, final)
+                    olds.append(old)
+                    if old is not None:
+                        for f in old.iterdir():
+                            if not targets[final](f.name) and not (final / f.name).exists():
+                                os.rename(f, final / f.name)
+                for fn in stage.hooks:
+                    fn()
+            for old in olds:
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+        finally:
+            for tmp in dirs.values():
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale_staging(final: Path) -> None:
+    for d in final.parent.glob(f".{final.name}.[no][el][wd]-*"):
+        try:
+            if time.time() - d.lstat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
 GROUPS = ("model", "method", "data", "train", "eval")  # the config groups a row names (its columns in the tables)
 
 
@@ -372,8 +481,8 @@ def liveness(row: dict, mtime: float | None = None) -> str:
 
 REQUIRED_KEYS = ("run_id", "status")  # what every reader of rows relies on (a failed pre-compose row has them too)
 STATUSES = ("running", "ok", "failed")
-# bounds of what a reader of a results folder reads (docs/robustness.md): a row is a few KB to a few hundred KB
-# (per-sample scores), nested a few levels (config groups, metrics by length)
+# bounds of what a reader of a results folder reads (docs/bad_inputs.md): a row is a few KB to a few hundred KB (per-
+# sample scores), nested a few levels (config groups, metrics by length)
 MAX_FILE_BYTES = 64 << 20     # a row or job record larger than this is skipped, not read
 MAX_JSON_DEPTH = 64           # ... nested deeper than this (a RecursionError elsewhere)
 _STR = (str, type(None))

@@ -332,3 +332,99 @@ def test_two_studies_share_the_points_through_a_lock_per_point(tmp_path):
     _write_rows(tmp_path, {"r.json": _row("r", config=cfg, config_hash="hand-edited")})
     again, why = study.claim(str(tmp_path), job)
     assert again is None and why == "done since the plan (row r)"
+
+
+# ------------------------------------------------------------------------------------------ 6. bounded reading
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+@pytest.mark.parametrize("name, make, why", [
+    ("fifo.json", _fifo, "a FIFO, not a regular file"),
+    ("zero.json", lambda p: p.symlink_to("/dev/zero"), "a symlink to /dev/zero, outside"),
+    ("dir.json", lambda p: p.mkdir(), "a directory, not a regular file"),
+    ("deep.json", lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested deeper than 64 levels"),
+    ("deep2.json", lambda p: p.write_text(json.dumps({**_row("d"), "metrics": json.loads("[" * 70 + "]" * 70)})),
+     "nested deeper than 64 levels"),
+    ("types.json", lambda p: p.write_text(json.dumps({**_row("t"), "metrics": [1, 2]})), "metrics is a list"),
+    ("unhashable.json", lambda p: p.write_text(json.dumps({**_row("u"), "method": ["pi"]})), "method is a list"),
+    ("status.json", lambda p: p.write_text(json.dumps({**_row("s"), "status": "weird"})), "status 'weird'"),
+    ("big.json", lambda p: p.write_bytes(b" " * (64 << 20) + b"{}"), "over the 67108864-byte limit"),
+])
+def test_a_results_folder_is_read_within_bounds(tmp_path, capsys, name, make, why):
+    """A FIFO hung make status / tables / export; a /dev/zero symlink took the memory; deep nesting was a
+    RecursionError in every report; wrong types crashed the tables. Each is skipped with one warning naming it."""
+    from harness.tables.export import flatten
+
+    runs = _write_rows(tmp_path, {"r0.json": _row("r0")})
+    make(runs / name)
+    rows = read_rows(tmp_path)
+    assert [r["run_id"] for r in rows] == ["r0"]
+    err = capsys.readouterr().err
+    assert f"warning: skipping {runs / name}: " in err and why in err, err
+    assert [line for r in rows for line in flatten(r)]  # the export reads the same rows
+
+
+def test_status_skips_a_malformed_job_record_with_a_warning(tmp_path, capsys):
+    from harness import status
+
+    _write_rows(tmp_path, {"r0.json": _row("r0")})
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "bad.json").write_text(json.dumps({"points": [{"job_id": ["x"]}], "sweep": "s"}))
+    (jobs / "list.json").write_text("[1, 2]")
+    os.mkfifo(jobs / "fifo.json")
+    assert status.main([str(tmp_path), "--all"]) == 0
+    err = capsys.readouterr().err
+    for n in ("bad.json", "list.json", "fifo.json"):
+        assert f"warning: skipping {jobs / n}" in err
+
+
+def test_sample_counts_have_an_upper_bound_checked_before_work_starts():
+    from harness import pipeline
+    from harness.conf_utils import compose
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval\.suite\.passkey\.samples = 1000000000 is above the bound of 100000"):
+        pipeline.setup(compose(["method=base", "train=none", "eval=quick", "eval.suite.passkey.samples=1000000000"]),
+                       data=False)
+
+
+def _snapshot(d: Path) -> dict:
+    """File name -> bytes (a PDF's: its name only, matplotlib writes its creation time into it)."""
+    return {p.name: b"" if p.suffix == ".pdf" else p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else {}
+
+
+@pytest.mark.integration
+def test_sigterm_during_make_tables_leaves_the_old_files_or_the_new_ones(tmp_path):
+    """SIGTERM during make tables left hidden .tmp files and a tables folder mixing old and new files."""
+    import signal
+    import time
+
+    res = tmp_path / "res"
+    _write_rows(res, {f"r{i}.json": _row(f"r{i}", m) for i, m in enumerate(("base", "pi"))})
+    cmd = [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--results", str(res)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd + ["--no-figures"], env=env, check=True, capture_output=True, timeout=300)
+    old = (_snapshot(res / "tables"), _snapshot(res / "figures"), (res / "README.md").read_bytes())
+    _write_rows(res, {f"r{i}.json": _row(f"r{i}", m) for i, m in enumerate(("yarn", "ntk_dynamic", "clex"), 2)})
+    seen = set()
+    for delay in (0.5, 2.0, 4.0, 8.0):
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=300)
+        now = (_snapshot(res / "tables"), _snapshot(res / "figures"), (res / "README.md").read_bytes())
+        hidden = [q.name for q in res.iterdir() if q.name.startswith(".")]
+        hidden += [q.name for d in ("tables", "figures") if (res / d).is_dir() for q in (res / d).iterdir()
+                   if q.name.startswith(".")]
+        assert not hidden, hidden
+        if now == old:
+            seen.add("old")
+            continue
+        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+        new = (_snapshot(res / "tables"), _snapshot(res / "figures"), (res / "README.md").read_bytes())
+        assert now == new, "a mix of old and new files"
+        seen.add("new")
+        break
+    assert "old" in seen  # at least one SIGTERM landed mid-build

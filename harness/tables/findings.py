@@ -955,14 +955,16 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
 
 def write(results_dir: str | Path, out: str | Path | None = None, model: str | None = None,
           runs_dir: str | Path | None = None) -> Path:
-    from harness.results import atomic_write_text, read_rows
+    from harness.results import atomic_write_text, read_rows, signals_held
     from harness.tables.rows import load_spec, read_rows_in
 
     rs = RowSet(read_rows(results_dir) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     path = Path(out or Path(results_dir) / "findings.md")
-    atomic_write_text(path, report(rs, model, source=str(runs_dir) if runs_dir is not None else "results/runs/"))
-    if runs_dir is None and out is None:  # the results' front page carries the verdict counts
-        from harness.tables.front import write_front
+    text = report(rs, model, source=str(runs_dir) if runs_dir is not None else "results/runs/")
+    with signals_held():  # findings.md and the front page's verdict counts change together (a SIGTERM waits)
+        atomic_write_text(path, text)
+        if runs_dir is None and out is None:  # the results' front page carries the verdict counts
+            from harness.tables.front import write_front
 
-        write_front(results_dir, findings_path=path)
+            write_front(results_dir, findings_path=path)
     return path

@@ -25,7 +25,7 @@ def _row(run_id: str, method: str = "base", model: str = "tiny_llama", **extra) 
            "metrics": {"passkey": {"accuracy": {"1024": 0.5, "2048": 0.25}, "n": {"1024": 8, "2048": 8}}},
            "timings": {}, "config": {"model": {"name": model, "native_ctx": 512},
                                      "train": {"enabled": method != "base", "seq_len": 2048}},
-           "config_hash": run_id, "git_sha": None, "command": "", "versions": {}, "hardware": {}, "run_dir": ""}
+           "config_hash": None, "git_sha": None, "command": "", "versions": {}, "hardware": {}, "run_dir": ""}
     row.update(extra)
     return row
 

@@ -189,10 +189,15 @@ def _previous_run_id(path: Path | None) -> str | None:
     if path is None or not path.is_file():
         return None
     try:
-        return str(json.loads(path.read_text())["run_id"])
+        run_id = json.loads(path.read_text())["run_id"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"warning: {path} is unreadable ({type(e).__name__}); this run gets a new run id", file=sys.stderr)
         return None
+    if not is_safe_name(run_id):  # the row's file name: a name from a file never becomes a path
+        print(f"warning: {path}: run_id {str(run_id)[:80]!r} is not a safe name; this run gets a new run id",
+              file=sys.stderr)
+        return None
+    return run_id
 
 
 def fail_before_compose(results_dir: str, message: str, names: dict | None = None) -> str | None:

@@ -43,7 +43,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TypedDict
 
-from harness.safe import is_safe_name, nonfinite
+from harness.safe import is_safe_name, nonfinite, safe_file
 
 SCHEMA_VERSION = 1
 
@@ -340,7 +340,8 @@ def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> 
 
 
 def row_path(results_dir: str | Path, run_id: str) -> Path:
-    return Path(results_dir) / "runs" / f"{run_id}.json"
+    """``<results_dir>/runs/<run_id>.json`` for a safe ``run_id`` (``harness.safe.safe_file``)."""
+    return safe_file(Path(results_dir) / "runs", run_id, ".json", "run_id")
 
 
 # the last text written per row file: the heartbeat rewrites it with a new time, under the same lock as the

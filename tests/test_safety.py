@@ -428,3 +428,15 @@ def test_sigterm_during_make_tables_leaves_the_old_files_or_the_new_ones(tmp_pat
         seen.add("new")
         break
     assert "old" in seen  # at least one SIGTERM landed mid-build
+
+
+def test_a_run_id_from_a_file_never_becomes_a_path(tmp_path, capsys):
+    """A requeued job reads its run id back from ``<run_dir>/run.json``: a tampered one must not name the row file."""
+    from harness import lifecycle
+    from harness.results import row_path
+
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "../../../escaped"}))
+    assert lifecycle._previous_run_id(tmp_path / "run.json") is None
+    assert "is not a safe name; this run gets a new run id" in capsys.readouterr().err
+    with pytest.raises(safe.UnsafeName):
+        row_path(tmp_path, "../x")

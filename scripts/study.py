@@ -272,8 +272,9 @@ def main(argv=None) -> int:
         print("== make findings", flush=True)
         findings(["--results", results_dir])
     print(f"\nstudy: {len(todo) - len(failed) - len(taken)} points run, {len(jobs) - len(todo)} skipped (done), "
-          f"{len(taken)} left to another make study, {len(failed)} failed"
-          f"{': ' + ', '.join(failed) if failed else ''}; wall time {hms(time.time() - t0)}", flush=True)
+          f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}"
+          f"{f'; {len(taken)} left to another make study' if taken else ''}; wall time {hms(time.time() - t0)}",
+          flush=True)
     return 1 if failed else 0
 
 

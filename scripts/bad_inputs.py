@@ -59,6 +59,7 @@ STRAY = {"truncated.json": b'{"run_id": "t", "status": "o', "empty.json": b"",
          "latin1.json": '{"run_id": "l", "status": "ok", "method": "caf\u00e9"}'.encode("latin-1"),
          "a_list.json": b'[{"run_id": "x", "status": "ok"}]'}
 STRAY_WORDS = [f"{{tmp}}/rows/runs/{n}" for n in STRAY]
+GPT2 = ["model=hub", "model.path={tmp}/gpt2", "model.native_ctx=1024"]  # the window given, as the issue's user did
 HOSTILE = ("fifo.json", "zero.json", "deep.json", "types.json", "unhashable.json")  # see _setup("hostile_rows")
 HOSTILE_WORDS = [f"{{tmp}}/rows/runs/{n}" for n in HOSTILE]
 
@@ -208,10 +209,9 @@ CASES = [
          expect_ok=True, setup="nan_rows", writable=False, check="no_nan_in_tables",
          command=["scripts/make_tables.py", "--results", "{tmp}/rows", "--no-figures"]),
     # ---------------------------------------------------------------- issue 46.4: a method needs what it changes
-    Case("method=pi on a GPT-2 folder (no RoPE)", "46.4", ["model=hub", "model.path={tmp}/gpt2", "method=pi"],
-         ["method=pi", "rotary"], setup="gpt2"),
-    Case("method=yarn with training on a GPT-2 folder", "46.4",
-         TRAIN + ["model=hub", "model.path={tmp}/gpt2", "method=yarn"], ["method=yarn", "rotary"], setup="gpt2"),
+    Case("method=pi on a GPT-2 folder (no RoPE)", "46.4", GPT2 + ["method=pi"], ["method=pi", "rotary"], setup="gpt2"),
+    Case("method=yarn with training on a GPT-2 folder", "46.4", TRAIN + GPT2 + ["method=yarn"],
+         ["method=yarn", "rotary"], setup="gpt2"),
     Case("a 1-token window", "46.4", ["model.native_ctx=1"], ["native window|native_ctx", "16"]),
     # ---------------------------------------------------------------- issue 46.5: the keys are what decides the result
     Case("study dry-run with HARNESS_CKPT_DIR moved", "46.5", [], [], expect_ok=True, writable=False,

@@ -102,7 +102,8 @@ NOT_IN_CONFIG_HASH = ("paths", "device", "eval_world_size", "logger",
                       "data.cache_dir", "data.max_tokens", "data.scale", "data.larger",
                       "train.save_every", "train.log_every", "train.keep_checkpoints",
                       "method.facts")  # method.facts: what the tables know about a method, not a setting
-# the rule before issue 46 (paths and the bookkeeping keys were in): a row's recorded hash under it is not an edit
+# the rule before issue 46 (paths and the bookkeeping keys were in): every committed row's recorded hash is its
+# config's under it (tests/test_config_hash.py), so recomputing on read changes no match
 LEGACY_NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger",
                              "paths.eval_root", "method.facts")
 
@@ -621,12 +622,7 @@ def read_row_file(path: str | Path, warn=None, root: str | Path | None = None) -
     if why:
         warn(f"warning: skipping {path}: {why}")
         return None
-    recorded, now = row.get("config_hash"), row_hash(row)
-    if recorded != now:  # under today's rule; a hash of neither rule was edited by hand (or the config was)
-        if recorded not in (None, config_hash(row.get("config"), LEGACY_NOT_IN_CONFIG_HASH)):
-            warn(f"warning: {path}: config_hash {str(recorded)[:20]!r} is not the hash of its recorded config; "
-                 f"using the recomputed {now}")
-        row["config_hash"] = now
+    row["config_hash"] = row_hash(row)  # under today's rule, from the recorded config: an edited hash matches nothing
     bad = [f"{k}.{p}" for k in ("metrics", "train_info") if isinstance(row.get(k), dict)
            for p in nonfinite(row[k], replace=True)]
     if bad:

@@ -70,9 +70,9 @@ def test_what_is_in_and_out_of_the_hash(monkeypatch):
     assert config_hash(OmegaConf.to_container(compose(["logger=wandb"]), resolve=True)) == h
 
 
-def test_a_rows_hash_is_recomputed_from_its_config_on_read(tmp_path, capsys):
+def test_a_rows_hash_is_recomputed_from_its_config_on_read(tmp_path):
     """Committed rows keep their recorded hash (the older rule) and are matched by the recomputed one; a hand-edited
-    ``config_hash`` no longer marks a point done, and says so."""
+    ``config_hash`` no longer marks a point done."""
     import json
 
     from harness.results import LEGACY_NOT_IN_CONFIG_HASH, read_rows_in, row_hash
@@ -88,6 +88,3 @@ def test_a_rows_hash_is_recomputed_from_its_config_on_read(tmp_path, capsys):
     (tmp_path / "b.json").write_text(json.dumps({**row, "run_id": "b", "config_hash": "0123456789abcdef"}))
     got = {r["run_id"]: r["config_hash"] for r in read_rows_in(tmp_path)}
     assert set(got.values()) == {good}
-    err = capsys.readouterr().err
-    assert "b.json: config_hash '0123456789abcdef' is not the hash of its recorded config" in err
-    assert "a.json" not in err

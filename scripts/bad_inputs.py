@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTED = {"root": ROOT}  # the checkout whose code the cases run (--root): a setup that needs its code uses it
 
 BASE = ["method=base", "train=none", "eval=quick", "eval.lengths=[256]", "eval.suite.passkey.samples=1",
         "eval.suite.ppl_books.samples=1"]
@@ -358,9 +359,10 @@ def _setup(kind: str | None, tmp: Path) -> list[Path]:
                 "print(json.dumps(OmegaConf.to_container(compose(sys.argv[1:]), resolve=True)))")
         cfg = json.loads(subprocess.run(
             [sys.executable, "-c", code, "experiment=tiny_study", "point=tiny_study/base",
-             f"paths.results_dir={tmp}/rows"], check=True, capture_output=True, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_CKPT_DIR": str(tmp / "first_ck"),
-                 "HARNESS_OUTPUT_DIR": str(tmp / "first_out")}).stdout)
+             f"paths.results_dir={tmp}/rows"], check=True, capture_output=True, text=True, cwd=TESTED["root"],
+            env={**os.environ, "PYTHONPATH": str(TESTED["root"]),  # the edited row: the folders the case runs with
+                 "HARNESS_CKPT_DIR": str(tmp / ("ck" if kind == "study_row_edited" else "first_ck")),
+                 "HARNESS_OUTPUT_DIR": str(tmp / ("out" if kind == "study_row_edited" else "first_out"))}).stdout)
         row = {**_fake_row("done", "base"), "config": cfg, "config_hash": "recorded-elsewhere",
                "command": "run.py experiment=tiny_study point=tiny_study/base"}
         if kind == "study_row_edited":  # another config (seed 12345) whose hash was edited to look like the point's
@@ -409,11 +411,12 @@ def _setup(kind: str | None, tmp: Path) -> list[Path]:
 
 
 def _hash_of(cfg: dict) -> str:
-    """``harness.results.config_hash`` of this checkout, run in a process of its own (the catalogue may test another
-    checkout's code)."""
+    """``harness.results.config_hash`` of the checkout under test, in a process of its own (its rule, as its rows
+    would record it)."""
     code = "import json, sys; from harness.results import config_hash; print(config_hash(json.load(sys.stdin)))"
     return subprocess.run([sys.executable, "-c", code], input=json.dumps(cfg), check=True, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.strip()
+                          cwd=TESTED["root"],  # ``python -c`` puts the working directory first on sys.path
+                          text=True, env={**os.environ, "PYTHONPATH": str(TESTED["root"])}).stdout.strip()
 
 
 def _fill(path: Path) -> None:
@@ -795,6 +798,7 @@ def main(argv=None) -> int:
             print(f"{c.group:10} {c.name:55} {' '.join(c.args)}")
         return 0
     root = a.root.resolve()
+    TESTED["root"] = root
     units_c = _units_of_c(root)
     print(f"root {root} (method lengths in {'units of C' if units_c else 'tokens'}), {len(cases)} cases", flush=True)
     results = []

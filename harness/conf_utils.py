@@ -9,10 +9,11 @@ plugin ``hydra_plugins/harness_plugins``, so ``run.py method=<plugin's>`` compos
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from harness.safe import NAME_MAX, check_name, env_setting, is_safe_name
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PLUGINS_ENV = "HARNESS_PLUGINS"
@@ -20,7 +21,7 @@ PLUGINS_ENV = "HARNESS_PLUGINS"
 
 def plugin_modules() -> list[str]:
     """The module names listed in ``HARNESS_PLUGINS`` (empty when unset)."""
-    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    return [m.strip() for m in (env_setting(PLUGINS_ENV) or "").split(",") if m.strip()]
 
 
 def plugin_conf_dirs() -> list[Path]:
@@ -102,11 +103,16 @@ def checkpoint_config(path: str) -> dict:
     return out
 
 
+# other spellings of a field in configs that predate the common name (GPT-2's n_positions is its window)
+ALIASES = {"max_position_embeddings": ("n_positions", "n_ctx", "max_sequence_length", "seq_length")}
+
+
 def _hf_config(path, key, default=None):
     """``${hf_config:${model.path},max_position_embeddings}``: a field of the checkpoint's ``config.json``."""
     cfg = checkpoint_config(path)
-    if key in cfg:
-        return cfg[key]
+    for k in (key, *ALIASES.get(key, ())):
+        if k in cfg:
+            return cfg[k]
     if default is not None:
         return default
     raise ValueError(f"model.path: {path}'s config.json has no {key!r}; set it on the command line")
@@ -127,7 +133,8 @@ def _hub_name(path):
 
     p = str(path).rstrip("/")
     name = Path(p).name if Path(p).expanduser().is_dir() else p.replace("/", "--")
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "hub"
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", name).lstrip(".-")[-NAME_MAX:]
+    return name if is_safe_name(name) else "hub"
 
 
 def _points(experiment):
@@ -141,6 +148,18 @@ def _points(experiment):
     return ", ".join(names)
 
 
+def _safe_name(value, what="name"):
+    """``${safe_name:${model.name},model.name}``: the value when it is a safe file name (``harness.safe.check_name``),
+    else a resolver error naming the key: the run directory is refused before Hydra creates it."""
+    return check_name(value, str(what))
+
+
+def _env_or(name, default=""):
+    """``${env_or:HARNESS_RESULTS_DIR,results}``: the variable, or ``default`` when it is unset or empty
+    (``oc.env`` returns an empty string for ``VAR=``)."""
+    return env_setting(str(name), default)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("ctx_x"):
         OmegaConf.register_new_resolver("ctx_x", _ctx_x)
@@ -148,7 +167,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
-    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name), ("points", _points)):
+    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name), ("points", _points),
+                     ("safe_name", _safe_name), ("env_or", _env_or)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from harness import results
 from harness.config import ConfigError
+from harness.safe import env_setting, is_safe_name
 from harness.train import Terminated
 
 LOCK_STALE_S = 300.0  # a row lock older than this is a holder that died mid-merge (merges take milliseconds)
@@ -201,10 +202,15 @@ def _previous_run_id(path: Path | None) -> str | None:
     if path is None or not path.is_file():
         return None
     try:
-        return str(json.loads(path.read_text())["run_id"])
+        run_id = json.loads(path.read_text())["run_id"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"warning: {path} is unreadable ({type(e).__name__}); this run gets a new run id", file=sys.stderr)
         return None
+    if not is_safe_name(run_id):  # the row's file name: a name from a file never becomes a path
+        print(f"warning: {path}: run_id {str(run_id)[:80]!r} is not a safe name; this run gets a new run id",
+              file=sys.stderr)
+        return None
+    return run_id
 
 
 def fail_before_compose(results_dir: str, message: str, names: dict | None = None) -> str | None:
@@ -212,7 +218,7 @@ def fail_before_compose(results_dir: str, message: str, names: dict | None = Non
     columns the options the command line named (``names``, e.g. ``{"model": "hub"}``). Returns what could not be
     written (``None`` when the row was)."""
     row = {k: None for k in results.ROW_FIELDS}
-    row.update({g: v for g, v in (names or {}).items() if g in results.GROUPS})
+    row.update({g: v for g, v in (names or {}).items() if g in results.GROUPS and is_safe_name(v)})
     row.update(schema=results.SCHEMA_VERSION, run_id=results.new_run_id(), status="failed", error=message,
                time_start=results.now_iso(), time_end=results.now_iso(), command=" ".join(sys.argv),
                git_sha=results.git_sha(), metrics={}, timings={})
@@ -245,10 +251,8 @@ def merge(results_dir: str | Path, run_id: str, fresh, rebuild) -> dict:
 
 
 def _read_json(p: Path) -> dict | None:
-    try:
-        return json.loads(Path(p).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    obj, _ = results.read_json_file(p)  # bounded: a regular file of bounded size and nesting
+    return obj if isinstance(obj, dict) else None
 
 
 @contextmanager
@@ -364,7 +368,7 @@ def _results_dir(argv: list[str]) -> str:
 
         return str(compose([a for a in argv if not a.startswith("-") and not a.startswith("hydra")]).paths.results_dir)
     except Exception:  # noqa: BLE001 - e.g. a sweep's comma lists: the default location
-        return os.environ.get("HARNESS_RESULTS_DIR", "results")
+        return env_setting("HARNESS_RESULTS_DIR", "results")
 
 
 def _short_os_error(e: OSError) -> str:

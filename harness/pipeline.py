@@ -24,8 +24,10 @@ from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
 from harness.methods._persist import save as save_model
-from harness.models import build_model, check_device, check_fits, choose_device_map
+from harness.models import build_model, check_device, check_fits, choose_device_map, hf_config
+from harness.safe import NonFinite, UnsafeName, check_finite, check_name
 from harness.train import TrainArgs
+from harness.train.step import check_finite_weights
 
 
 def native_ctx(cfg) -> int:
@@ -90,6 +92,7 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     the valid range. ``suite``: the config's ``eval.suite`` when the caller already built it (``harness.shards``:
     checked here, not built again)."""
     c = native_ctx(cfg)
+    check_names(cfg)
     check_seed(cfg.get("seed", 0), "seed")
     check_model_files(cfg.model)
     method = build_method(cfg.method)
@@ -99,6 +102,7 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     if train.enabled and cfg.get("data") is not None:
         check_budget(cfg.data, train.name, train.tokens)  # the data is meant for this recipe's token budget
     method.check(c, train)
+    method.check_model(hf_config(cfg.model), c)  # what the method needs of the model, before any weights load
     if data:
         method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")
@@ -118,6 +122,20 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     else:
         check_suite(suite.nodes, c, data=data, evaluators=suite.evaluators)
     return Setup(method, train, suite)
+
+
+def check_names(cfg) -> None:
+    """The names that become file names or table columns (each group's ``name``, each suite entry) are safe names
+    (``harness.safe.check_name``): a name from a setting never becomes a path."""
+    try:
+        for g in results.GROUPS:
+            node = cfg.get(g)
+            if node is not None and node.get("name") is not None:
+                check_name(node.get("name"), f"{g}.name")
+        for key in (cfg.eval.get("suite") or {}):
+            check_name(str(key), "eval.suite entry")
+    except UnsafeName as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_seed(value, key: str) -> None:
@@ -242,6 +260,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         from harness.train.loop import finetune as single
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+    check_finite_weights(handle.model, f"fine-tuning ({info.get('steps', '?')} steps)")  # the last update's NaN
     plog.done("fine-tune", t0)
     # the method's own stage on the tuned model, before the gate sees it (LongRoPE: its short factors' search)
     info.update(method.after_finetune(handle, StageContext(Path(run_dir), int(cfg.seed),
@@ -255,6 +274,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
         info["convergence"] = convergence.verdict(handle.info["baseline_at_C"], tuned)
         plog.done("convergence gate, the fine-tuned model at C", tg,
                   "passed" if info["convergence"].get("converged") else "NOT passed")
+    check_finite(info, "train_info")  # the gate's PPL of a diverged model: a failure, named
     out = Path(run_dir) / "checkpoint"
     tg = plog.stage("checkpoint", str(out))
     save_model(handle.model, out, handle.tokenizer)  # the method kept: a standard config, or recorded and refused
@@ -309,7 +329,11 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
                         + (f", lengths {list(lengths)}" if lengths else ""))
         if progress is not None and hasattr(progress, "begin"):
             progress.begin(key)   # the entry's clock starts now: its times include its first prompt
-        out = ev.run(handle, method, ctx)
+        try:
+            out = ev.run(handle, method, ctx)
+        except OverflowError as e:  # a derived number (exp of a mean NLL) out of range: the entry names where
+            raise NonFinite(f"eval.suite.{key}: a derived number overflowed ({e}; a diverged model?)") from None
+        check_finite(out, f"eval.suite.{key}")  # a non-finite metric fails the row, naming the entry and the value
         seconds = round(time.time() - t0, 2)
         plog.done(f"eval {key}", t0)
         yield key, out, seconds, eval_version(ev)

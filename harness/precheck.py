@@ -143,13 +143,13 @@ def _results_dir_of(overrides: list[str]) -> str:
     """Where the failed row of a command line that does not compose goes: its own ``paths.results_dir=`` override
     (the last one; a sweep's comma list takes its first value) or, as the config does, ``$HARNESS_RESULTS_DIR`` or
     ``results``."""
-    import os
+    from harness.safe import env_setting
 
     for o in reversed(overrides):
         key, sep, value = o.lstrip("+~").partition("=")
         if sep and key == "paths.results_dir" and value and "${" not in value:
             return value.split(",")[0]
-    return os.environ.get("HARNESS_RESULTS_DIR", "results")
+    return env_setting("HARNESS_RESULTS_DIR", "results")
 
 
 def precheck_sweep_or_exit(argv: list[str], config_name: str, validate) -> None:

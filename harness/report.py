@@ -2,6 +2,8 @@
 of the row with the row's path (stdout: what a script captures)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -107,20 +109,16 @@ def versus_base(row: dict, results_dir) -> str | None:
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
     perplexity (the ratio to the base, paired Student t over the same windows). ``None`` when there is no such base
     row (``make run`` writes one first)."""
-    import json
-    from pathlib import Path
-
+    from harness.results import read_rows_in
     from harness.stats import ppl_ratio, wilson
 
     if row.get("method") == "base" and not row.get("train_info"):
         return None
     cfg = row.get("config") or {}
     best = None
-    for p in sorted(Path(results_dir, "runs").glob("*.json")):
-        try:
-            r = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    # the rows beside this one (its study's folder, or the rows of no study): the one bounded reader; warnings are
+    # make status's job
+    for r in read_rows_in(Path(results_dir, "runs"), warn=lambda m: None):
         rc = r.get("config") or {}
         if (r.get("status") == "ok" and r.get("method") == "base" and not r.get("train_info")
                 and r.get("model") == row.get("model") and rc.get("eval") == cfg.get("eval")

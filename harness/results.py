@@ -28,16 +28,22 @@ import json
 import os
 import platform
 import secrets
+import shutil
+import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import TypedDict
+
+from harness.safe import check_name, is_safe_name, nonfinite, safe_file
 
 SCHEMA_VERSION = 1
 
@@ -88,18 +94,35 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
 
 
-# keys that say where and how a run executes, or what a config group is for, not what the run measures (dotted:
-# a key of a group): a configuration keeps its hash (and a study its finished points, a sharded run its id) when
-# they change or when a newer harness adds them
-NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger", "paths.eval_root",
+# keys that say where and how a run executes (placement: folders, devices, ranks, the logger), how often it saves or
+# logs, how much it may cost, or what a config group is for, not what the run measures (dotted: a key of a group; a
+# bare group name: the whole group): a configuration keeps its hash (and a study its finished points, a sharded run
+# its id) when they change or when a newer harness adds them. tests/test_config_hash.py lists what is in and what is
+# out.
+NOT_IN_CONFIG_HASH = ("paths", "device", "eval_world_size", "logger",
+                      "data.cache_dir", "data.max_tokens", "data.scale", "data.larger",
+                      "train.save_every", "train.log_every", "train.keep_checkpoints",
                       "method.facts",  # method.facts: what the tables know about a method, not a setting
                       "cost")  # cost.limit_s: a budget checked before the run, not a setting
+# the rule before issue 46 (paths and the bookkeeping keys were in): every committed row's recorded hash is its
+# config's under it (tests/test_config_hash.py), so recomputing on read changes no match
+LEGACY_NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger",
+                             "paths.eval_root", "method.facts")
 
 
-def config_hash(cfg: dict) -> str:
+def config_hash(cfg: dict, rule: tuple = NOT_IN_CONFIG_HASH) -> str:
     if isinstance(cfg, dict):
-        cfg = _without(cfg, NOT_IN_CONFIG_HASH)
+        cfg = _without(cfg, rule)
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_hash(row: dict) -> str | None:
+    """A row's config hash recomputed from its recorded ``config`` under today's rule (``NOT_IN_CONFIG_HASH``):
+    what ``make study`` and the tables match on, so that a row written with other folders (``HARNESS_CKPT_DIR``) or
+    under the older rule still matches its point, and a hand-edited ``config_hash`` matches nothing it was not run
+    with. The recorded value for a row without a config (a command line that never composed)."""
+    cfg = row.get("config")
+    return config_hash(cfg) if isinstance(cfg, dict) and cfg else row.get("config_hash")
 
 
 def _without(cfg: dict, keys) -> dict:
@@ -197,6 +220,112 @@ def atomic_write(path: str | Path, writer) -> None:
         raise
 
 
+# ------------------------------------------------------------------------------------------- folders swapped whole
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def signals_held():
+    """Hold SIGTERM / SIGINT / SIGHUP for the block (delivered when it ends): a few renames that must all happen."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextmanager
+def terminate_raises():
+    """SIGTERM raises ``SystemExit(143)`` in the main thread for the block (else the process dies at once, and no
+    ``finally`` removes a half-written temporary file or folder)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class Staged:
+    """The new versions of some folders, written beside them (``replacing_dirs``): ``path(final)`` is where the new
+    contents go; ``on_commit(fn)`` runs ``fn`` right after the swap, signals still held (a file that must match)."""
+
+    def __init__(self, dirs: dict):
+        self.dirs, self.hooks = dirs, []
+
+    def path(self, final) -> Path:
+        return self.dirs[Path(final)]
+
+    def on_commit(self, fn) -> None:
+        self.hooks.append(fn)
+
+
+STALE_STAGING_S = 3600.0  # a staging folder older than this is a leftover of a killed writer (SIGKILL)
+
+
+@contextmanager
+def replacing_dirs(targets: dict):
+    """Replace whole folders at once: ``targets`` maps each final folder to ``owned(name)``, whether a file of the
+    old folder is the writer's (replaced; ``*.md`` of a tables folder) or someone else's (moved into the new one).
+    The block writes the new contents into hidden folders beside the finals (``Staged.path``); when it returns, each
+    final is swapped for its new folder by two renames with SIGTERM / SIGINT / SIGHUP held, then the old ones are
+    removed. When the block fails (a full disk) or is terminated (SIGTERM raises, ``terminate_raises``), the new
+    folders are removed and the finals stay as they were: a reader sees the previous files or the new ones, never a
+    mix. Yields a ``Staged``."""
+    targets = {Path(k): v for k, v in targets.items()}
+    dirs = {}
+    with terminate_raises():
+        try:
+            for final in map(Path, targets):
+                final.parent.mkdir(parents=True, exist_ok=True)
+                _remove_stale_staging(final)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.new-", dir=final.parent))
+                os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the published folder from teammates
+                dirs[final] = tmp
+            stage = Staged(dirs)
+            yield stage
+            olds = []
+            with signals_held():
+                for final, tmp in dirs.items():
+                    old = None
+                    if final.exists():
+                        old = final.parent / f".{final.name}.old-{secrets.token_hex(4)}"
+                        os.rename(final, old)
+                    os.rename(tmp, final)
+                    olds.append(old)
+                    if old is not None:
+                        for f in old.iterdir():
+                            if not targets[final](f.name) and not (final / f.name).exists():
+                                os.rename(f, final / f.name)
+                for fn in stage.hooks:
+                    fn()
+            for old in olds:
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+        finally:
+            for tmp in dirs.values():
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale_staging(final: Path) -> None:
+    for d in final.parent.glob(f".{final.name}.[no][el][wd]-*"):
+        try:
+            if time.time() - d.lstat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
 GROUPS = ("model", "method", "data", "train", "eval")  # the config groups a row names (its columns in the tables)
 
 
@@ -214,7 +343,8 @@ def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> 
 
 
 def row_path(results_dir: str | Path, run_id: str) -> Path:
-    return Path(results_dir) / "runs" / f"{run_id}.json"
+    """``<results_dir>/runs/<run_id>.json`` for a safe ``run_id`` (``harness.safe.safe_file``)."""
+    return safe_file(Path(results_dir) / "runs", run_id, ".json", "run_id")
 
 
 # the last text written per row file: the heartbeat rewrites it with a new time, under the same lock as the
@@ -354,6 +484,89 @@ def liveness(row: dict, mtime: float | None = None) -> str:
 
 
 REQUIRED_KEYS = ("run_id", "status")  # what every reader of rows relies on (a failed pre-compose row has them too)
+STATUSES = ("running", "ok", "failed")
+# bounds of what a reader of a results folder reads (docs/bad_inputs.md): a row is a few KB to a few hundred KB (per-
+# sample scores), nested a few levels (config groups, metrics by length)
+MAX_FILE_BYTES = 64 << 20     # a row or job record larger than this is skipped, not read
+MAX_JSON_DEPTH = 64           # ... nested deeper than this (a RecursionError elsewhere)
+_STR = (str, type(None))
+_DICT = (dict, type(None))
+ROW_TYPES = {**{k: _STR for k in ("error", "time_start", "time_end", "model", "method", "data", "train", "eval",
+                                   "config_hash", "git_sha", "command", "run_dir", "host", "heartbeat")},
+             **{k: _DICT for k in ("model_info", "method_params", "train_info", "metrics", "eval_versions", "timings",
+                                   "config", "versions", "hardware", "shards")},
+             "schema": (int, type(None)), "pid": (int, type(None)), "heartbeat_every_s": (int, float, type(None))}
+
+
+def read_json_file(path: str | Path, root: str | Path | None = None, max_bytes: int = MAX_FILE_BYTES,
+                   max_depth: int = MAX_JSON_DEPTH) -> tuple[object, str | None]:
+    """``(the JSON value, None)`` of a file in a results folder, or ``(None, why)``, reading only what is safe to
+    read: a regular file (a FIFO, a device, a socket or a directory is refused without opening it for a blocking
+    read), a symlink only when it resolves inside ``root`` (default: the file's folder), at most ``max_bytes`` bytes,
+    UTF-8, JSON nested at most ``max_depth`` levels. The one low-level reader of row and job files."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            base = Path(root or path.parent).resolve()
+            try:
+                target = path.resolve(strict=True)
+            except (OSError, RuntimeError):
+                return None, "a broken or looping symlink"
+            if base not in target.parents:
+                return None, f"a symlink to {target}, outside {base}"
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or type(e).__name__})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
+                    stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a socket"
+                    if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            return None, f"{kind}, not a regular file"
+        if st.st_size > max_bytes:
+            return None, f"{st.st_size} bytes, over the {max_bytes}-byte limit of a results file"
+        chunks, n = [], 0
+        while n <= max_bytes:
+            b = os.read(fd, min(1 << 20, max_bytes + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        text = b"".join(chunks)
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or type(e).__name__})"
+    finally:
+        os.close(fd)
+    if len(text) > max_bytes:
+        return None, f"over the {max_bytes}-byte limit of a results file (it grew while read)"
+    if not text.strip():
+        return None, "empty file"
+    try:
+        s = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte 0x{text[e.start]:02x} at offset {e.start})"
+    try:
+        obj = json.loads(s)
+    except RecursionError:
+        return None, f"JSON nested deeper than {max_depth} levels"
+    except ValueError as e:
+        return None, f"not JSON, truncated? ({e})"
+    if _deeper_than(obj, max_depth):
+        return None, f"JSON nested deeper than {max_depth} levels"
+    return obj, None
+
+
+def _deeper_than(obj, limit: int) -> bool:
+    stack = [(obj, 0)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            if d >= limit:
+                return True
+            stack += [(v, d + 1) for v in (x.values() if isinstance(x, dict) else x)]
+    return False
 
 
 def row_problem(text: bytes) -> tuple[dict | None, str | None]:
@@ -367,35 +580,65 @@ def row_problem(text: bytes) -> tuple[dict | None, str | None]:
         return None, f"not UTF-8 (byte 0x{text[e.start]:02x} at offset {e.start})"
     try:
         obj = json.loads(s)
+    except RecursionError:
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
     except ValueError as e:
         return None, f"not JSON, truncated? ({e})"
+    if _deeper_than(obj, MAX_JSON_DEPTH):
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    return obj, check_row(obj)
+
+
+def check_row(obj) -> str | None:
+    """Why a parsed row file is not a row a reader can trust (None when it is): not an object, a required key
+    missing, a field of the wrong type (``ROW_TYPES``), an unknown status, or a group name (model, method, ...) that
+    is not a safe name (``harness.safe.check_name``: the tables build file names from them)."""
     if not isinstance(obj, dict):
-        return None, f"a JSON {type(obj).__name__}, not an object"
+        return f"a JSON {type(obj).__name__}, not an object"
     bad = [k for k in REQUIRED_KEYS if not isinstance(obj.get(k), str)]
     if bad:
-        return None, f"no {' / '.join(bad)} (a row has string keys {', '.join(REQUIRED_KEYS)})"
-    return obj, None
+        return f"no {' / '.join(bad)} (a row has string keys {', '.join(REQUIRED_KEYS)})"
+    if obj["status"] not in STATUSES:
+        return f"status {obj['status'][:40]!r} is not one of {', '.join(STATUSES)}"
+    wrong = [f"{k} is a {type(obj[k]).__name__}" for k, types in ROW_TYPES.items()
+             if k in obj and (not isinstance(obj[k], types) or isinstance(obj[k], bool) and bool not in types)]
+    if wrong:
+        return "wrong field types: " + ", ".join(wrong)
+    for g in GROUPS:
+        if obj.get(g) is not None and not is_safe_name(obj[g]):
+            return f"{g} {str(obj[g])[:80]!r} is not a safe name (a name never becomes a path)"
+    return None
 
 
-def read_row_file(path: str | Path, warn=None) -> dict | None:
-    """The row in ``path``, or None after one warning naming the file and why it is not a row (``row_problem``, or
-    the OS error). The one reader of row files: ``make status``, the tables and the findings all go through it."""
+def read_row_file(path: str | Path, warn=None, root: str | Path | None = None) -> dict | None:
+    """The row in ``path``, or None after one warning naming the file and why it is not a row (``read_json_file``:
+    not a regular file, too large or too deep, not JSON; ``check_row``: not a row). A finite-looking row's non-finite
+    numbers (``NaN``, ``Infinity`` in ``metrics`` / ``train_info``: an old row, before non-finite results failed the
+    run) are read as missing (None), with one warning naming them; its ``config_hash`` is recomputed from its
+    ``config`` (``row_hash``: committed rows are never rewritten for a new hash rule). The one reader of row files:
+    ``make status``, the tables, the export, the findings and ``make study`` all go through it."""
     warn = warn or (lambda m: print(m, file=sys.stderr, flush=True))
-    try:
-        row, why = row_problem(Path(path).read_bytes())
-    except OSError as e:
-        row, why = None, f"unreadable ({e.strerror or type(e).__name__})"
+    row, why = read_json_file(path, root)
+    if why is None:
+        why = check_row(row)
     if why:
         warn(f"warning: skipping {path}: {why}")
+        return None
+    row["config_hash"] = row_hash(row)  # under today's rule, from the recorded config: an edited hash matches nothing
+    bad = [f"{k}.{p}" for k in ("metrics", "train_info") if isinstance(row.get(k), dict)
+           for p in nonfinite(row[k], replace=True)]
+    if bad:
+        warn(f"warning: {path}: non-finite {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} read as missing "
+             f"(a non-finite number is not a result)")
     return row
 
 
-def read_rows_in(directory: str | Path, with_mtime: bool = False) -> list:
+def read_rows_in(directory: str | Path, with_mtime: bool = False, warn=None) -> list:
     """Every row (``*.json``) directly in ``directory``, sorted by file name; anything that is not a row is skipped
     with one warning (``read_row_file``). ``with_mtime``: ``(row, file mtime)`` pairs."""
     out = []
     for f in sorted(Path(directory).glob("*.json")):
-        row = read_row_file(f)
+        row = read_row_file(f, warn, root=directory)
         if row is None:
             continue
         if with_mtime:
@@ -414,28 +657,16 @@ def read_rows_in(directory: str | Path, with_mtime: bool = False) -> list:
 # (``config.study.experiment``), and the row goes to ``<results>/<name>/runs/``. A row of no study (a plain
 # ``run.py``, ``make run``, a sweep without ``experiment=``) goes to ``<results>/runs/``. Each study's tables,
 # figures, findings and front page are built from its own folder only (``make tables`` / ``make findings``).
-STUDY_NAME_MAX = 64
 # folders of a results directory that are not studies (and names a study may therefore not take)
 NOT_STUDIES = frozenset({"runs", "tables", "figures", "export", "archive", "curves", "factors", "jobs", "samples"})
 
 
-def safe_name(name, what: str = "study") -> str:
-    """``name`` when it can be a folder name on every filesystem and in a shell word: 1-64 characters of letters,
-    digits, ``_ . -``, starting with a letter or digit; else ``ValueError`` with one line saying why."""
-    ok = (isinstance(name, str) and 0 < len(name) <= STUDY_NAME_MAX and name[0].isascii() and name[0].isalnum()
-          and all(c.isascii() and (c.isalnum() or c in "_.-") for c in name))
-    if not ok:
-        raise ValueError(f"{what} name {name!r} is not a safe name (1-{STUDY_NAME_MAX} characters: letters, digits, "
-                         "'_', '.', '-'; starting with a letter or digit)")
-    return name
-
-
 def study_name(name) -> str | None:
-    """A declared study name, checked (``safe_name``; not a folder a results directory keeps for itself,
-    ``NOT_STUDIES``); ``None`` / empty = no study."""
+    """A declared study name, checked (``harness.safe.check_name``; not a folder a results directory keeps for
+    itself, ``NOT_STUDIES``); ``None`` / empty = no study."""
     if name in (None, ""):
         return None
-    safe_name(name)
+    check_name(name, "study")
     if name in NOT_STUDIES:
         raise ValueError(f"study name {name!r} is a folder the results directory keeps for itself "
                          f"({', '.join(sorted(NOT_STUDIES))}); choose another")
@@ -485,7 +716,7 @@ def read_rows(results_dir: str | Path, study: str | None = None, warn=None) -> l
     d = study_dir(results_dir, study)
     out = []
     for f in sorted(Path(d, "runs").glob("*.json")):
-        row = read_row_file(f, warn)
+        row = read_row_file(f, warn, root=Path(d, "runs"))
         if row is None:
             continue
         declared = study_of(row)

@@ -256,8 +256,7 @@ def ppl_interval(nll: Sequence[float], method: str = SMALL_N,
                  level: float = LEVEL) -> tuple[float, float, float] | None:
     """(exp(mean nll), lo, hi) over per-document (per-window) mean NLLs; the PPL protocols' aggregate. The interval
     is ``method``'s for the mean NLL, exponentiated."""
-    est = mean_interval(nll, method, level)
-    return None if est is None else tuple(math.exp(v) for v in est)
+    return _exp(mean_interval(nll, method, level))
 
 
 def ppl_ratio(a: Sequence[float], b: Sequence[float], method: str = SMALL_N,
@@ -267,8 +266,18 @@ def ppl_ratio(a: Sequence[float], b: Sequence[float], method: str = SMALL_N,
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(a) != len(b):
         return None
-    est = mean_interval(a - b, method, level)
-    return None if est is None else tuple(math.exp(v) for v in est)
+    return _exp(mean_interval(a - b, method, level))
+
+
+def _exp(est) -> tuple | None:
+    """``exp`` of each of ``est`` (a mean NLL and its interval), or None when one overflows (a PPL that is not a
+    finite number is no result)."""
+    if est is None:
+        return None
+    try:
+        return tuple(math.exp(v) for v in est)
+    except OverflowError:
+        return None
 
 
 def cluster_ppl_ratio(a: Sequence[float], ga: Sequence, b: Sequence[float], gb: Sequence, method: str = "t",

@@ -10,14 +10,13 @@ sweeps with a point whose row is missing or not ok."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from harness.results import age_s, liveness, read_rows_in, studies, study_dir
+from harness.results import age_s, liveness, read_json_file, read_rows_in, studies, study_dir
+from harness.safe import env_setting, safe_file
 
 
 def _folders(results_dir: str) -> list[Path]:
@@ -41,20 +40,46 @@ def _fmt_age(iso) -> str:
 
 def jobs_path(results_dir: str, sweep: str) -> Path:
     """Where ``harness.submit`` records a submitted sweep's job ids."""
-    return Path(results_dir) / "jobs" / f"{sweep}.json"
+    return safe_file(Path(results_dir) / "jobs", sweep, ".json", "the sweep's name")
 
 
 def read_submissions(results_dir: str) -> list[dict]:
     """Every submission record under ``<results_dir>/jobs/``, oldest first (a file that is not one is skipped)."""
     out = []
-    for f in sorted(Path(results_dir, "jobs").glob("*.json"), key=lambda p: p.stat().st_mtime):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
+    jobs = Path(results_dir, "jobs")
+    for f in sorted(jobs.glob("*.json"), key=_mtime):
+        rec, why = read_json_file(f, root=jobs)
+        why = why or _submission_problem(rec)
+        if why:
+            print(f"warning: skipping {f}: {why}", file=sys.stderr, flush=True)
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("points"), list):
-            out.append(rec)
+        out.append(rec)
     return out
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _submission_problem(rec) -> str | None:
+    """Why a parsed ``jobs/*.json`` is not a submission record ``show_jobs`` can print (None when it is)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("points"), list):
+        return "not a submission record (a JSON object with a points list)"
+    if not all(isinstance(p, dict) for p in rec["points"]):
+        return "points holds something other than objects"
+    for k in ("sweep", "cluster", "submitit_folder", "submitted"):
+        if k in rec and not isinstance(rec[k], (str, type(None))):
+            return f"{k} is a {type(rec[k]).__name__}, not a string"
+    for p in rec["points"]:
+        for k in ("job_id", "run_dir", "row"):
+            if not isinstance(p.get(k), (str, int, type(None))) or isinstance(p.get(k), bool):
+                return f"a point's {k} is a {type(p.get(k)).__name__}"
+        if not isinstance(p.get("overrides") or [], list):
+            return "a point's overrides is not a list"
+    return None
 
 
 def slurm_states(job_ids: list[str], sacct: str | None = None) -> dict[str, str] | None:
@@ -116,7 +141,7 @@ def show_jobs(results_dir: str, rows: list[tuple[dict, str]], show_all: bool) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.status", description=__doc__.split("\n\n")[0])
-    p.add_argument("results_dir", nargs="?", default=os.environ.get("HARNESS_RESULTS_DIR", "results"))
+    p.add_argument("results_dir", nargs="?", default=env_setting("HARNESS_RESULTS_DIR", "results"))
     p.add_argument("--all", action="store_true", help="list ok rows too")
     a = p.parse_args(argv)
     rows = []

@@ -37,6 +37,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,10 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTED = {"root": ROOT}  # the checkout whose code the cases run (--root): a setup that needs its code uses it
 
 BASE = ["method=base", "train=none", "eval=quick", "eval.lengths=[256]", "eval.suite.passkey.samples=1",
         "eval.suite.ppl_books.samples=1"]
 TRAIN = ["train=quick", "train.tokens=8192"]  # 2 steps of one 8C sequence
+# the convergence gate (the base and the tuned model measured on held-out prompts, minutes on a loaded CPU) is no
+# part of the cases about resuming or rebuilding: without it they stay cheap, as the catalogue's cases are meant to
+NOGATE = ["+train.convergence_check=false"]
 NIAH = ["+evaluator@eval.suite.niah=niah", "eval.suite.niah.depth_intervals=1", "eval.suite.niah.gen_tokens=4",
         "eval.suite.niah.buffer=-1"]
 CATEGORIES = ["clean", "unclear", "traceback", "crash", "silent", "hang", "n/a"]
@@ -58,6 +63,9 @@ STRAY = {"truncated.json": b'{"run_id": "t", "status": "o', "empty.json": b"",
          "latin1.json": '{"run_id": "l", "status": "ok", "method": "caf\u00e9"}'.encode("latin-1"),
          "a_list.json": b'[{"run_id": "x", "status": "ok"}]'}
 STRAY_WORDS = [f"{{tmp}}/rows/runs/{n}" for n in STRAY]
+GPT2 = ["model=hub", "model.path={tmp}/gpt2", "model.native_ctx=1024"]  # the window given, as the issue's user did
+HOSTILE = ("fifo.json", "zero.json", "deep.json", "types.json", "unhashable.json")  # see _setup("hostile_rows")
+HOSTILE_WORDS = [f"{{tmp}}/rows/runs/{n}" for n in HOSTILE]
 
 
 @dataclass
@@ -78,6 +86,8 @@ class Case:
     prerun: list[str] | None = None   # overrides of a first, good run.py run (rows in {tmp}/pre) before the damage
     damage: str | None = None       # see _damage: what is broken after the prerun
     check: str | None = None        # see _check: a condition on the files afterwards ("nothing already written lost")
+    kill_after: float | None = None  # send SIGTERM this many seconds after the start (then: exit 0 or 143 both fine)
+    cwd: str | None = None          # run from this directory ({tmp} expanded) instead of the checkout
 
 
 CASES = [
@@ -142,10 +152,10 @@ CASES = [
          ["{tmp}/notok", "tokenizer.json"], setup="no_tokenizer"),
     Case("LongBench JSONL line malformed", "36.4", LONGBENCH + ["eval.suite.longbench.data_dir={tmp}/lb"],
          ["{tmp}/lb/narrativeqa.jsonl", "line 2"], setup="longbench_bad"),
-    Case("corrupt data-cache .npy (rebuilt)", "36.4", TRAIN + ["data.cache_dir={tmp}/cache"],
+    Case("corrupt data-cache .npy (rebuilt)", "36.4", TRAIN + NOGATE + ["data.cache_dir={tmp}/cache"],
          ["warning: data cache {tmp}/cache/", "rebuilding"], expect_ok=True, prerun=[], damage="corrupt_cache"),
     Case("checkpoint tensor bytes flipped (resume)", "36.1",
-         ["train=quick", "train.tokens=12288", "train.save_every=1"],
+         ["train=quick", "train.tokens=12288", "train.save_every=1"] + NOGATE,
          ["/step_2/model.safetensors", "SHA-256", "falling back to"], expect_ok=True,
          prerun=["train.keep_checkpoints=true"], damage="flip_ckpt", check="same_key"),
     Case("stray row files: make status", "36.2", [], STRAY_WORDS, expect_ok=True, setup="stray_rows", writable=False,
@@ -172,6 +182,74 @@ CASES = [
          command=["scripts/search_rope.py", "search.iteratons=3"]),
     Case("factor search sweep: one bad job", "entry", [], ["sweep job", "unknown seed", "nosuch"],
          command=["scripts/search_rope.py", "-m", "search.seeds=[pi],[nosuch]"]),
+    # ---------------------------------------------------------------- issue 46.1: a name from data is never a path
+    Case("row model is a path: make tables", "46.1", [], ["{tmp}/rows/a/b/runs/evil.json", "not a safe name"],
+         expect_ok=True, setup="evil_rows", writable=False, check="nothing_outside",
+         command=["scripts/make_tables.py", "--results", "{tmp}/rows/a/b", "--no-figures"]),
+    Case("row model is a path: make findings", "46.1", [], ["{tmp}/rows/a/b/runs/evil.json", "not a safe name"],
+         expect_ok=True, setup="evil_rows", writable=False, check="nothing_outside",
+         command=["scripts/make_findings.py", "--results", "{tmp}/rows/a/b"]),
+    Case("model.name is a path (Hydra's run dir)", "46.1", ["model.name=../../../ESCAPED"],
+         ["model.name", "not a safe name"], check="nothing_outside"),
+    Case("method.name is a path", "46.1", ["method.name=../../ESCAPED"], ["method.name", "not a safe name"],
+         check="nothing_outside"),
+    Case("data.name is a path (cache file)", "46.1", ["data.name=../../ESCAPED"], ["data.name", "not a safe name"],
+         check="nothing_outside"),
+    # ---------------------------------------------------------------- issue 46.2: generated scripts quote everything
+    Case("sbatch: shell text in paths.output_dir", "46.2", [], [], expect_ok=True, writable=False,
+         check="sbatch_runs_nothing",
+         command=["scripts/render_sbatch.py", "experiment=tiny_study", "point=tiny_study/base",
+                  "paths.output_dir='{tmp}/sb out $(touch {tmp}/PWNED1) `touch {tmp}/PWNED2`'",
+                  "+model.note='my model dir; touch {tmp}/PWNED3'", "--out", "{tmp}/job.sbatch"]),
+    Case("sbatch: newline in a value", "46.2", [], ["render_sbatch", "override", "\\n"], writable=False,
+         command=["scripts/render_sbatch.py", "experiment=tiny_study", "point=tiny_study/base",
+                  "paths.output_dir='/x/a\nb'", "--out", "{tmp}/job.sbatch"]),
+    # ---------------------------------------------------------------- issue 46.3: non-finite is a failure
+    Case("lr=1e9: NaN weights after the last step", "46.3",
+         TRAIN + ["method=pi", "train.lr=1e9", "+train.convergence_check=false"], ["non-finite"]),
+    Case("lr=1e3: the perplexity overflows", "46.3",
+         TRAIN + ["method=pi", "train.lr=1e3", "+train.convergence_check=false"], ["eval.suite.ppl_books", "overflow"]),
+    Case("NaN metric in an old row: make tables", "46.3", [], ["{tmp}/rows/runs/nan.json", "non-finite"],
+         expect_ok=True, setup="nan_rows", writable=False, check="no_nan_in_tables",
+         command=["scripts/make_tables.py", "--results", "{tmp}/rows", "--no-figures"]),
+    # ---------------------------------------------------------------- issue 46.4: a method needs what it changes
+    Case("method=pi on a GPT-2 folder (no RoPE)", "46.4", GPT2 + ["method=pi"], ["method=pi", "rotary"], setup="gpt2"),
+    Case("method=yarn with training on a GPT-2 folder", "46.4", TRAIN + GPT2 + ["method=yarn"],
+         ["method=yarn", "rotary"], setup="gpt2"),
+    Case("a 1-token window", "46.4", ["model.native_ctx=1"], ["native window|native_ctx", "16"]),
+    # ---------------------------------------------------------------- issue 46.5: the keys are what decides the result
+    Case("study dry-run with HARNESS_CKPT_DIR moved", "46.5", [], [], expect_ok=True, writable=False,
+         setup="study_row", check="study_done", env={"HARNESS_CKPT_DIR": "{tmp}/moved_ck"},
+         command=["scripts/study.py", "--dry-run", "experiment=tiny_study", "point=tiny_study/base",
+                  "paths.results_dir={tmp}/rows"]),
+    Case("hand-edited config_hash (study)", "46.5", [], [],
+         expect_ok=True, writable=False, setup="study_row_edited", check="study_not_done",
+         command=["scripts/study.py", "--dry-run", "experiment=tiny_study", "point=tiny_study/base",
+                  "paths.results_dir={tmp}/rows"]),
+    Case("checkpoint without digests, bytes flipped (resume)", "46.5",
+         ["train=quick", "train.tokens=12288", "train.save_every=1"] + NOGATE,
+         ["/step_2/meta.json", "SHA-256", "falling back to"], expect_ok=True,
+         prerun=["train.keep_checkpoints=true"], damage="flip_ckpt_nodigest", check="same_key"),
+    # ---------------------------------------------------------------- issue 46.6: reading a results folder is bounded
+    Case("FIFO, /dev/zero, deep, wrong types: make status", "46.6", [], HOSTILE_WORDS, expect_ok=True,
+         setup="hostile_rows", writable=False, command=["-m", "harness.status", "{tmp}/rows", "--all"]),
+    Case("FIFO, /dev/zero, deep, wrong types: make tables", "46.6", [], HOSTILE_WORDS, expect_ok=True,
+         setup="hostile_rows", writable=False,
+         command=["scripts/make_tables.py", "--results", "{tmp}/rows", "--no-figures"]),
+    Case("FIFO, /dev/zero, deep, wrong types: make export", "46.6", [], HOSTILE_WORDS, expect_ok=True,
+         setup="hostile_rows", writable=False,
+         command=["scripts/export_rows.py", "--results", "{tmp}/rows", "--out", "{tmp}/export"]),
+    Case("FIFO, /dev/zero, deep, wrong types: make findings", "46.6", [], HOSTILE_WORDS, expect_ok=True,
+         setup="hostile_rows", writable=False, command=["scripts/make_findings.py", "--results", "{tmp}/rows"]),
+    Case("malformed jobs/*.json: make status", "46.6", [], ["{tmp}/rows/jobs/bad.json", "{tmp}/rows/jobs/fifo.json"],
+         expect_ok=True, setup="bad_jobs", writable=False, command=["-m", "harness.status", "{tmp}/rows", "--all"]),
+    Case("passkey samples 1e9", "46.6", ["eval.suite.passkey.samples=1000000000"], ["samples", "100000"]),
+    Case("HARNESS_RESULTS_DIR set but empty", "46.6", [], [], expect_ok=True, cwd="{tmp}", check="row_in_results",
+         env={"HARNESS_RESULTS_DIR": ""}, writable=False),
+    Case("SIGTERM during make tables", "46.6", [], [], expect_ok=True, setup="tables_twice", writable=False,
+         kill_after=4.0, check="tables_old_or_new", command=["scripts/make_tables.py", "--results", "{tmp}/rows"]),
+    Case("SIGTERM during make findings", "46.6", [], [], expect_ok=True, setup="tables_twice", writable=False,
+         kill_after=3.0, check="findings_old_or_new", command=["scripts/make_findings.py", "--results", "{tmp}/rows"]),
 ]
 
 
@@ -250,6 +328,79 @@ def _setup(kind: str | None, tmp: Path) -> list[Path]:
             for i, m in enumerate(("yarn", "ntk_dynamic", "clex"), 2):
                 (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
             _fill(tmp / "disk" / "filler")
+    elif kind == "evil_rows":  # rows whose model names a path outside the results folder
+        runs = tmp / "rows" / "a" / "b" / "runs"
+        runs.mkdir(parents=True)
+        for i, m in enumerate(("base", "pi")):
+            (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
+        evil = "../" * 4 + "EVILMODEL"
+        (runs / "evil.json").write_text(json.dumps({**_fake_row("e0", "pi"), "model": evil}))
+        (runs / "evil2.json").write_text(json.dumps({**_fake_row("e1", "base"), "model": evil}))
+    elif kind == "nan_rows":  # an old ok row, newer than the base's, with a NaN where the base has a number
+        runs = tmp / "rows" / "runs"
+        runs.mkdir(parents=True)
+        for i, m in enumerate(("base", "pi")):
+            (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
+        nan = _fake_row("r9", "base")
+        nan["time_end"] = "2027-01-01T00:00:00"
+        nan["metrics"]["passkey"]["accuracy"]["1024"] = float("nan")
+        (runs / "nan.json").write_text(json.dumps(nan))
+    elif kind == "gpt2":  # a small random GPT-2 (learned positions, no RoPE) with the shipped tokenizer: it loads
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        GPT2LMHeadModel(GPT2Config(n_positions=1024, n_embd=32, n_layer=1, n_head=2, vocab_size=4096, bos_token_id=1,
+                                   eos_token_id=2)).save_pretrained(tmp / "gpt2")
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ROOT / "harness" / "assets" / "tiny_llama" / f, tmp / "gpt2" / f)
+    elif kind in ("study_row", "study_row_edited"):  # a done point of tiny_study, written with other folders
+        runs = tmp / "rows" / "runs"
+        runs.mkdir(parents=True)
+        code = ("import json, sys; from omegaconf import OmegaConf; from harness.conf_utils import compose; "
+                "print(json.dumps(OmegaConf.to_container(compose(sys.argv[1:]), resolve=True)))")
+        cfg = json.loads(subprocess.run(
+            [sys.executable, "-c", code, "experiment=tiny_study", "point=tiny_study/base",
+             f"paths.results_dir={tmp}/rows"], check=True, capture_output=True, text=True, cwd=TESTED["root"],
+            env={**os.environ, "PYTHONPATH": str(TESTED["root"]),  # the edited row: the folders the case runs with
+                 "HARNESS_CKPT_DIR": str(tmp / ("ck" if kind == "study_row_edited" else "first_ck")),
+                 "HARNESS_OUTPUT_DIR": str(tmp / ("out" if kind == "study_row_edited" else "first_out"))}).stdout)
+        row = {**_fake_row("done", "base"), "config": cfg, "config_hash": "recorded-elsewhere",
+               "command": "run.py experiment=tiny_study point=tiny_study/base"}
+        if kind == "study_row_edited":  # another config (seed 12345) whose hash was edited to look like the point's
+            row = {**row, "run_id": "edited", "config": {**cfg, "seed": 12345}, "config_hash": _hash_of(cfg)}
+            (runs / "edited.json").write_text(json.dumps(row))
+        else:
+            (runs / "done.json").write_text(json.dumps({**row, "config_hash": _hash_of(cfg)}))
+    elif kind == "hostile_rows":  # what made every report crash or hang (issue 46)
+        runs = tmp / "rows" / "runs"
+        runs.mkdir(parents=True)
+        for i, m in enumerate(("base", "pi")):
+            (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
+        os.mkfifo(runs / "fifo.json")
+        (runs / "zero.json").symlink_to("/dev/zero")
+        (runs / "deep.json").write_text("[" * 100000 + "]" * 100000)
+        (runs / "types.json").write_text(json.dumps({**_fake_row("t", "pi"), "metrics": [1, 2], "config": "x"}))
+        (runs / "unhashable.json").write_text(json.dumps({**_fake_row("u", "pi"), "method": ["pi"]}))
+    elif kind == "bad_jobs":
+        runs = tmp / "rows" / "runs"
+        runs.mkdir(parents=True)
+        (runs / "r0.json").write_text(json.dumps(_fake_row("r0", "base")))
+        jobs = tmp / "rows" / "jobs"
+        jobs.mkdir()
+        (jobs / "bad.json").write_text(json.dumps({"sweep": "s", "points": [{"job_id": ["x"], "run_dir": 3}]}))
+        os.mkfifo(jobs / "fifo.json")
+    elif kind == "tables_twice":  # tables + findings of 2 rows, then 3 more rows: a build that changes every file
+        runs = tmp / "rows" / "runs"
+        runs.mkdir(parents=True)
+        for i, m in enumerate(("base", "pi")):
+            (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for script in ("make_tables.py", "make_findings.py"):
+            subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--results", str(tmp / "rows")]
+                           + (["--no-figures"] if script == "make_tables.py" else []), check=True,
+                           capture_output=True, env=env)
+        (tmp / "kept.json").write_text(json.dumps(_results_files(tmp / "rows")))
+        for i, m in enumerate(("yarn", "ntk_dynamic", "clex"), 2):
+            (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
     elif kind == "ppl_dirs":
         for d in ("empty", "garbage", "blank"):
             (tmp / d).mkdir()
@@ -257,6 +408,15 @@ def _setup(kind: str | None, tmp: Path) -> list[Path]:
         (tmp / "blank" / "a.txt").write_text("")
         (tmp / "odd.bin").write_bytes(b"\x01\x00\x02")
     return mounts
+
+
+def _hash_of(cfg: dict) -> str:
+    """``harness.results.config_hash`` of the checkout under test, in a process of its own (its rule, as its rows
+    would record it)."""
+    code = "import json, sys; from harness.results import config_hash; print(config_hash(json.load(sys.stdin)))"
+    return subprocess.run([sys.executable, "-c", code], input=json.dumps(cfg), check=True, capture_output=True,
+                          cwd=TESTED["root"],  # ``python -c`` puts the working directory first on sys.path
+                          text=True, env={**os.environ, "PYTHONPATH": str(TESTED["root"])}).stdout.strip()
 
 
 def _fill(path: Path) -> None:
@@ -278,7 +438,7 @@ def _fake_row(run_id: str, method: str) -> dict:
             "metrics": {"passkey": {"accuracy": {"1024": 0.5, "2048": 0.25}, "n": {"1024": 8, "2048": 8}}},
             "timings": {}, "config": {"model": {"name": "tiny_llama", "native_ctx": 512},
                                       "train": {"enabled": method != "base", "seq_len": 2048}},
-            "config_hash": run_id, "git_sha": None, "command": "", "versions": {}, "hardware": {}, "run_dir": ""}
+            "config_hash": None, "git_sha": None, "command": "", "versions": {}, "hardware": {}, "run_dir": ""}
 
 
 def _damage(kind: str | None, tmp: Path) -> str | None:
@@ -292,7 +452,7 @@ def _damage(kind: str | None, tmp: Path) -> str | None:
         for f in files:  # a pickle where token ids were: what numpy refuses without allow_pickle
             with open(f, "wb") as fh:
                 np.save(fh, np.array([{"not": "tokens"}], dtype=object), allow_pickle=True)
-    elif kind == "flip_ckpt":
+    elif kind in ("flip_ckpt", "flip_ckpt_nodigest"):
         steps = sorted((tmp / "ck").glob("*/step_2/model.safetensors"))
         if not steps:
             return "the prerun left no step_2 checkpoint"
@@ -301,11 +461,60 @@ def _damage(kind: str | None, tmp: Path) -> str | None:
         mid = start + (len(raw) - start) // 2
         raw[mid:mid + 64] = bytes(b ^ 0xFF for b in raw[mid:mid + 64])
         steps[0].write_bytes(bytes(raw))
+        if kind == "flip_ckpt_nodigest":  # and the digests gone from meta.json: only size checks would remain
+            meta_file = steps[0].parent / "meta.json"
+            meta = json.loads(meta_file.read_text())
+            meta.pop("sha256", None)
+            meta_file.write_text(json.dumps(meta))
     return None
 
 
-def _check(kind: str | None, tmp: Path) -> str | None:
-    """A condition on the files after the case ran; returns what is wrong."""
+def _results_files(d: Path) -> dict:
+    """The generated files of a results folder (tables, findings, front page): name -> text (PDFs: name only)."""
+    out = {}
+    for p in [d / "README.md", d / "findings.md", *sorted((d / "tables").glob("*")),
+              *sorted((d / "figures").glob("*"))]:
+        if p.is_file():
+            out[str(p.relative_to(d))] = "" if p.suffix == ".pdf" else p.read_text(errors="replace")
+    return out
+
+
+def _hidden(d: Path) -> list[str]:
+    return [str(p.relative_to(d)) for p in d.rglob(".*")] if d.is_dir() else []
+
+
+def _check(kind: str | None, tmp: Path, out: str = "", err: str = "") -> str | None:
+    """A condition on the files (and the output) after the case ran; returns what is wrong."""
+    if kind == "nothing_outside":
+        bad = [str(p) for p in tmp.rglob("*") if "EVILMODEL" in p.name or "ESCAPED" in p.name]
+        if bad:
+            return f"a name from data became a path: {bad[:3]}"
+    if kind == "sbatch_runs_nothing":
+        return _run_sbatch(tmp)
+    if kind == "no_nan_in_tables":
+        nan = [p.name for p in (tmp / "rows" / "tables").glob("*.md") if "NaN" in p.read_text()]
+        if nan:
+            return f"NaN printed in {nan}"
+    if kind in ("study_done", "study_not_done"):
+        first = next((ln for ln in out.splitlines() if ln.startswith("study ")), "")
+        want = "1 already done" if kind == "study_done" else "0 already done"
+        if want not in first:
+            return f"dry run says: {first!r} (expected {want})"
+    if kind == "row_in_results":
+        if not list((tmp / "results" / "runs").glob("*.json")) or (tmp / "runs").exists():
+            return f"the row went elsewhere: {[str(p.relative_to(tmp)) for p in tmp.glob('**/runs/*.json')]}"
+    if kind in ("tables_old_or_new", "findings_old_or_new"):
+        rows = tmp / "rows"
+        hidden = _hidden(rows)
+        if hidden:
+            return f"left behind: {hidden[:4]}"
+        kept, now = json.loads((tmp / "kept.json").read_text()), _results_files(rows)
+        if now != kept:  # then it must be the finished build's
+            script = "make_tables.py" if kind == "tables_old_or_new" else "make_findings.py"
+            subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--results", str(rows)], check=True,
+                           capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if _results_files(rows) != now:
+                return "a mix of the previous and the new files"
     if kind == "same_key":
         keys = [d.name for d in (tmp / "ck").iterdir() if d.is_dir()]
         if len(keys) > 1:
@@ -321,11 +530,63 @@ def _check(kind: str | None, tmp: Path) -> str | None:
     return None
 
 
+FAKE_SRUN = """import json, os, sys
+with open(os.environ["SRUN_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def _run_sbatch(tmp: Path) -> str | None:
+    """Run the rendered ``{tmp}/job.sbatch`` under a fake ``srun`` that records its argv: nothing from a setting may
+    run, each override must arrive as one argument."""
+    script = tmp / "job.sbatch"
+    if not script.is_file():
+        return "no script rendered"
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!{sys.executable}\n" + FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SRUN_LOG": str(tmp / "srun.log"),
+           "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "7", "SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "node0",
+           "SLURM_CPUS_PER_TASK": "4", "HARNESS_CKPT_DIR": str(tmp / "ck")}
+    p = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp)
+    pwned = sorted(q.name for q in tmp.rglob("PWNED*"))
+    if pwned:
+        return f"the rendered script ran shell text from a setting: {pwned}"
+    if not (tmp / "srun.log").is_file():
+        return f"the rendered script did not reach srun: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
+    argv = json.loads((tmp / "srun.log").read_text().splitlines()[0])
+    args = argv[argv.index("run.py") + 1:] if "run.py" in argv else argv
+    if not any(a.startswith("paths.output_dir=") and "$(touch" in a for a in args) or \
+            not any(a.startswith("+model.note=") and "my model dir; touch" in a for a in args):
+        return f"an override did not arrive as one argument: {args[:6]}"
+    return None
+
+
+SENTINEL = "sentinel-row"  # a finished row put in a case's results dir first: it must be there, unchanged, after
+
+
+def _row_files(tmp: Path) -> dict:
+    """Every regular row file under the case's directory (``**/runs/*.json``): path -> bytes."""
+    out = {}
+    for p in tmp.glob("**/runs/*.json"):
+        try:
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                out[p] = p.read_bytes()
+        except OSError:
+            pass
+    return out
+
+
 def _rows(d: Path) -> list[dict]:
     runs = d / "runs"
     out = []
     if runs.is_dir():
         for p in sorted(runs.glob("*.json")):
+            if not stat.S_ISREG(os.lstat(p).st_mode):
+                continue
             try:
                 out.append(json.loads(p.read_text()))
             except (OSError, ValueError):
@@ -351,7 +612,7 @@ def run_case(case: Case, root: Path, python: str, timeout: float, mem_gib: float
     args = [a.replace("{tmp}", str(tmp)) for a in _merge(BASE, args)]
     res = tmp / "res"
     res_env = tmp / "res_env" if case.results_elsewhere else res
-    argv = args + [f"paths.results_dir={res}"]
+    argv = args + ([f"paths.results_dir={res}"] if case.cwd is None else [])  # cwd: the default results dir
     if case.command is not None:
         argv = [a.replace("{tmp}", str(tmp)) for a in case.command]
         if not argv[0].startswith("-"):
@@ -359,8 +620,11 @@ def run_case(case: Case, root: Path, python: str, timeout: float, mem_gib: float
     env = {**os.environ, "PYTHONPATH": str(root), "HARNESS_RESULTS_DIR": str(res_env),
            "HARNESS_OUTPUT_DIR": str(tmp / "out"), "HARNESS_CKPT_DIR": str(tmp / "ck"),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", **case.env}
+           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
+           **({"HARNESS_CACHE_DIR": str(root / ".cache")} if case.cwd else {}),
+           **{k: v.replace("{tmp}", str(tmp)) for k, v in case.env.items()}}
     env.pop("HYDRA_FULL_ERROR", None)
+    cwd = Path(case.cwd.replace("{tmp}", str(tmp))) if case.cwd else root
     mounts = []
     t0 = time.time()
     problem = None
@@ -378,20 +642,33 @@ def run_case(case: Case, root: Path, python: str, timeout: float, mem_gib: float
                 _, pre_err = q.communicate()
             problem = f"the prerun failed: {pre_err.strip().splitlines()[-1:]}" if q.returncode else \
                 _damage(case.damage, tmp)
+        if case.writable and not res.exists():  # a row already there must survive the case untouched
+            (res / "runs").mkdir(parents=True)
+            (res / "runs" / f"{SENTINEL}.json").write_text(json.dumps(_fake_row(SENTINEL, "base")))
+        before = _row_files(tmp)
         cmd = [python, *argv] if case.command is not None else [python, str(root / "run.py"), *argv]
-        p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, preexec_fn=_limit_memory(mem_gib))
         try:
+            if case.kill_after is not None:  # SIGTERM mid-way: the previous files or the new ones, never a mix
+                try:
+                    out, err = p.communicate(timeout=case.kill_after)
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGTERM)
             out, err = p.communicate(timeout=timeout)
             rc = p.returncode
+            if case.kill_after is not None and rc in (143, -signal.SIGTERM):
+                rc = 0  # terminated as asked: the check says whether the files are whole
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
             rc = None
         seconds = time.time() - t0
-        rows = _rows(res) if res.is_dir() else []
+        rows = [r for r in (_rows(res) if res.is_dir() else []) if r.get("run_id") != SENTINEL]
         rows_env = _rows(res_env) if case.results_elsewhere and res_env.is_dir() else []
-        problem = problem or _check(case.check, tmp)
+        after = _row_files(tmp)
+        lost = sorted(str(f.relative_to(tmp)) for f, b in before.items() if after.get(f) != b)
+        problem = problem or _check(case.check, tmp, out, err)
     finally:
         for m in mounts:
             subprocess.run(["umount", "-l", str(m)], capture_output=True)
@@ -401,8 +678,10 @@ def run_case(case: Case, root: Path, python: str, timeout: float, mem_gib: float
     category, reason = classify(case, rc, out, err, last, words, rows, rows_env)
     if problem and category in ("clean", "silent"):
         category, reason = "unclear", problem
+    if lost and category in ("clean", "silent"):
+        category, reason = "unclear", f"rows lost or changed: {lost[:3]}"
     shutil.rmtree(tmp, ignore_errors=True)
-    return {**base, "category": category, "reason": reason.replace(str(tmp), "<tmp>"),
+    return {**base, "category": category, "reason": reason.replace(str(tmp), "<tmp>"), "rows_lost": len(lost),
             "args": [a.replace(str(tmp), "<tmp>") for a in argv],
             "rc": rc, "seconds": round(seconds, 1), "last_line": last.replace(str(tmp), "<tmp>")[:400],
             "stderr_lines": len(lines), "stderr_tail": [ln.replace(str(tmp), "<tmp>")[:300] for ln in lines[-8:]],
@@ -454,6 +733,17 @@ def counts(results: list[dict]) -> dict:
     return c
 
 
+def summary(results: list[dict]) -> str:
+    """The catalogue in one line: cases, each category, rows lost, controls that did not end ok, wall seconds."""
+    c = counts(results)
+    cases = [r for r in results if not r.get("control")]
+    bad_controls = [r["name"] for r in results if r.get("control") and r["category"] != "ok"]
+    return (f"{len(cases)} cases: " + ", ".join(f"{c[k]} {k}" for k in CATEGORIES) +
+            f"; rows lost: {sum(r.get('rows_lost', 0) for r in results)}; controls not ok: {len(bad_controls)}"
+            f"{' (' + ', '.join(bad_controls) + ')' if bad_controls else ''}; "
+            f"{sum(r.get('seconds', 0) for r in results):.0f} s")
+
+
 # ------------------------------------------------------------------------------------------------ reporting
 def _cell(r: dict | None) -> str:
     if r is None:
@@ -493,7 +783,11 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path, help="with --before/--after: write the comparison table")
     ap.add_argument("--before", type=Path)
     ap.add_argument("--after", type=Path)
+    ap.add_argument("--summary", type=Path, help="print the summary line of a --json result file and stop")
     a = ap.parse_args(argv)
+    if a.summary:
+        print(summary(json.loads(a.summary.read_text())))
+        return 0
     if a.markdown:
         head = a.markdown.read_text().split("<!-- table -->")[0] + "<!-- table -->" if a.markdown.exists() else ""
         a.markdown.write_text(markdown(json.loads(a.before.read_text()), json.loads(a.after.read_text()), head))
@@ -504,6 +798,7 @@ def main(argv=None) -> int:
             print(f"{c.group:10} {c.name:55} {' '.join(c.args)}")
         return 0
     root = a.root.resolve()
+    TESTED["root"] = root
     units_c = _units_of_c(root)
     print(f"root {root} (method lengths in {'units of C' if units_c else 'tokens'}), {len(cases)} cases", flush=True)
     results = []
@@ -520,6 +815,7 @@ def main(argv=None) -> int:
     for r in results:
         print(f"{r['name'][:58]:58} {r['category']:10} {(r['reason'] or r['last_line'])[:150]}")
     print("counts (controls excluded):", counts(results))
+    print("summary:", summary(results))
     return 0
 
 

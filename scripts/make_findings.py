@@ -7,17 +7,18 @@ findings.md (the paper's thirteen findings, coded verdicts), and results/finding
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
+
+from harness.safe import env_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=os.environ.get("HARNESS_RESULTS_DIR", str(ROOT / "results")),
+    ap.add_argument("--results", default=env_setting("HARNESS_RESULTS_DIR", str(ROOT / "results")),
                     help="results directory (reads <results>/runs/; default $HARNESS_RESULTS_DIR, where run.py "
                          "writes, else results/)")
     ap.add_argument("--out", default=None, help="output file (default <results>/findings.md)")

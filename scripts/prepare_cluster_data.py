@@ -263,7 +263,7 @@ def read_files(a) -> list[tuple[str, str, str]]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", default=os.environ.get("HARNESS_DATA_ROOT", "data"))
+    p.add_argument("--root", default=os.environ.get("HARNESS_DATA_ROOT") or "data")  # empty = unset
     p.add_argument("--only", nargs="+", choices=STEPS + OPT_IN + DATA_OPT_IN, default=list(STEPS))
     p.add_argument("--slimpajama-shards", type=int, default=0,
                    help="SlimPajama shards to fetch (default: the estimate for the largest recipe + 10%%)")

@@ -13,9 +13,15 @@ if longest), and with ``--jobs N`` starting the longest first keeps a long point
 (the classic LPT rule; ``--order given`` keeps the sweep's order). The plan prints the study's expected wall time
 under both orders, simulated from those seconds: an estimate from recorded runs, not a measurement.
 
-The config hash is the one each row records (``harness.results.config_hash`` of the resolved config, as
-``run.py`` composes it), so a point is re-run exactly when something that changes its result changed: the method,
-the recipe, the suite, the seed. Failed or stale rows never count as done, nor does a fine-tuned row whose
+The config hash is ``harness.results.config_hash`` of the resolved config, as ``run.py`` composes it, without the
+settings that only place a run (paths, device, ranks, logger: ``NOT_IN_CONFIG_HASH``), so a point is re-run exactly
+when something that changes its result changed: the method, the recipe, the suite, the seed; moving the checkpoint
+folder (``HARNESS_CKPT_DIR``) re-runs nothing. A row's hash is recomputed from its recorded config when it is read
+(``harness.results.row_hash``), never taken from its ``config_hash`` field: rows written under the older rule still
+match, a hand-edited hash matches nothing. Two ``make study`` processes on one results folder share the work: each
+point is run under a lock (``<results_dir>/locks/<hash>.lock``, ``filelock``) by the first process to take it, and
+the other skips it (and re-reads the rows before running a point, which another process may have finished).
+Failed or stale rows never count as done, nor does a fine-tuned row whose
 convergence gate is older than ``harness.evals.convergence.MIN_GATE_VERSION`` (the gate is no part of the config, so
 its hash stays the same when only the gate changes): `make study` re-runs exactly those points; the older rows stay
 in ``results/<study>/runs`` until moved to ``results/archive/`` (its README). Only the study's own rows count
@@ -86,14 +92,40 @@ def plan(argv: list[str], seed: int | None = None) -> tuple[list[dict], str]:
     done, old_gate = {}, {}
     rows = list(read_rows(results_dir or "results", study))  # the study's own rows (results/<study>/runs/)
     for r in rows:
-        if r.get("status") == "ok" and r.get("config_hash"):
+        if r.get("status") == "ok" and r.get("config_hash"):  # recomputed from its config on read (row_hash)
             (old_gate if outdated(r) else done).setdefault(r["config_hash"], r.get("run_id"))
     seconds = seconds_by_point(rows)
     for j in out:
+        j["study"] = study
         j["done"] = done.get(j["hash"])
         j["old_gate"] = None if j["done"] else old_gate.get(j["hash"])  # a row whose gate is older: runs again
         j["expected_s"] = seconds.get(point_of(j["overrides"]) or "")
     return out, results_dir or "results"
+
+
+def claim(results_dir: str, job: dict):
+    """``(lock, None)``: this process runs the point (its lock ``<results_dir>/locks/<hash>.lock`` held, and no ``ok``
+    row of its hash appeared since the plan), or ``(None, why)``: another ``make study`` holds it or finished it."""
+    from filelock import FileLock, Timeout
+
+    from harness.results import read_rows
+    from harness.safe import safe_file
+
+    lock = FileLock(str(safe_file(Path(results_dir) / "locks", job["hash"], ".lock", "config hash")), timeout=0,
+                    mode=0o666)
+    Path(results_dir, "locks").mkdir(parents=True, exist_ok=True)
+    try:
+        lock.acquire()
+    except Timeout:
+        return None, "another make study is running it (its lock is held)"
+    from harness.evals.convergence import outdated
+
+    done = [r.get("run_id") for r in read_rows(results_dir, job.get("study"), warn=lambda m: None)
+            if r.get("status") == "ok" and r.get("config_hash") == job["hash"] and not outdated(r)]
+    if done:
+        lock.release()
+        return None, f"done since the plan (row {done[0]})"
+    return lock, None
 
 
 def point_of(overrides) -> str | None:
@@ -200,7 +232,8 @@ def main(argv=None) -> int:
     todo = order_jobs(todo, a.order)
     if a.dry_run:
         return 0
-    failed, times = [], []
+    failed, times, taken = [], [], []
+    locks: dict = {}  # Popen -> the point's lock, held while it runs
     env = os.environ.copy()
     if jobs_n > 1 or "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs_n))
@@ -209,12 +242,24 @@ def main(argv=None) -> int:
     while queue or running:
         while queue and len(running) < jobs_n:
             k, j = queue.pop(0)
+            lock, why = claim(results_dir, j)
+            if lock is None:  # another make study runs it, or finished it since the plan
+                print(f"== [{k}/{len(todo)}] {j['label']}: skipped, {why}", flush=True)
+                taken.append(j["label"])
+                continue
             t = time.time()
             print(f"\n== [{k}/{len(todo)}] {j['label']} (elapsed {hms(t - t0)})", flush=True)
-            p = subprocess.Popen([sys.executable, str(ROOT / "run.py")] + j["overrides"], cwd=ROOT, env=env)
-            running[p] = (k, j, t)
+            try:
+                p = subprocess.Popen([sys.executable, str(ROOT / "run.py")] + j["overrides"], cwd=ROOT, env=env)
+            except BaseException:
+                lock.release()
+                raise
+            running[p], locks[p] = (k, j, t), lock
+        if not running:
+            break
         p = _wait_any(running)
         k, j, t = running.pop(p)
+        locks.pop(p).release()
         dt = time.time() - t
         times.append(dt)
         left = (len(queue) + len(running)) * (sum(times) / len(times)) / jobs_n
@@ -229,8 +274,10 @@ def main(argv=None) -> int:
         tables(["--results", results_dir] + (["--no-figures"] if a.no_figures else []))
         print("== make findings", flush=True)
         findings(["--results", results_dir])
-    print(f"\nstudy: {len(todo) - len(failed)} points run, {len(jobs) - len(todo)} skipped (done), {len(failed)} "
-          f"failed{': ' + ', '.join(failed) if failed else ''}; wall time {hms(time.time() - t0)}", flush=True)
+    print(f"\nstudy: {len(todo) - len(failed) - len(taken)} points run, {len(jobs) - len(todo)} skipped (done), "
+          f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}"
+          f"{f'; {len(taken)} left to another make study' if taken else ''}; wall time {hms(time.time() - t0)}",
+          flush=True)
     return 1 if failed else 0
 
 

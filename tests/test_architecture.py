@@ -14,6 +14,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A unit is a top-level module (``results``) or a package (``evals``: all its modules).
 FLOORS = [
+    ("basement", {"safe"}),  # names never paths, shell words, non-finite numbers, env settings: imports nothing
     ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "memory", "progress", "results",
                 "stats", "tracking"}),
     ("registry", {"registry"}),  # Registry.build checks a node with config.to_args

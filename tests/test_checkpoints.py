@@ -90,7 +90,7 @@ def _flip_tensor_bytes(path: Path, n: int = 64) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate model", "garbage state json", "delete state tensors",
-                                    "flip tensor bytes", "flip optimizer bytes"])
+                                    "flip tensor bytes", "flip optimizer bytes", "flip bytes, digests removed"])
 def test_corrupt_newest_checkpoint_falls_back_with_warning(tmp_path, capsys, damage):
     ckpt = tmp_path / "ck"
     _run(ckpt, keep_checkpoints=True)  # leaves step_2 and step_4 (the previous one is the fallback)
@@ -110,6 +110,12 @@ def test_corrupt_newest_checkpoint_falls_back_with_warning(tmp_path, capsys, dam
     elif damage == "flip optimizer bytes":
         bad = newest / "train_state.safetensors"
         _flip_tensor_bytes(bad)
+    elif damage == "flip bytes, digests removed":  # issue 46: resumed from the flipped bytes, no warning
+        _flip_tensor_bytes(newest / "model.safetensors")
+        bad = newest / "meta.json"
+        meta = json.loads(bad.read_text())
+        del meta["sha256"]
+        bad.write_text(json.dumps(meta))
     else:
         bad = newest / "train_state.safetensors"
         bad.unlink()

@@ -21,6 +21,7 @@ import numpy as np
 from harness import progress
 from harness.config import ConfigError
 from harness.registry import Registry
+from harness.safe import safe_file
 
 DATA: Registry = Registry("data", "harness.data")
 
@@ -83,7 +84,7 @@ def cached_chunks(args, tokenizer, seq_len: int, n_tokens: int, build) -> np.nda
     see a complete cache file."""
     key = json.dumps(cache_key(args, tokenizer, seq_len, n_tokens), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = Path(args.cache_dir) / f"{args.name}-{seq_len}-{digest}.npy"
+    path = safe_file(args.cache_dir, f"{args.name}-{seq_len}-{digest}", ".npy", "data.name")
     arr, _ = _load_cache(path, seq_len) if path.exists() else (None, None)
     if arr is not None:
         return arr

@@ -96,7 +96,9 @@ class EvalContext:
         return self.rank == 0
 
     def samples_path(self, evaluator: str) -> Path:
-        p = Path(self.run_dir) / "samples" / f"{evaluator}.jsonl"
+        from harness.safe import safe_file
+
+        p = safe_file(Path(self.run_dir) / "samples", evaluator, ".jsonl", "suite entry")
         if self.is_main:
             p.parent.mkdir(parents=True, exist_ok=True)
         return p
@@ -228,6 +230,7 @@ def check_suite(suite_cfg, native_ctx: int, data: bool = True, evaluators: list 
     evaluators = build_evaluators(suite) if evaluators is None else evaluators
     for key, ev in zip(suite, evaluators):
         where = f"eval.suite.{key}"
+        check_counts(ev.args, where)
         check_lengths(ev.args.lengths, native_ctx, f"{where}.lengths")
         if hasattr(ev, "check"):
             ev.check(native_ctx, where)
@@ -238,6 +241,26 @@ def check_suite(suite_cfg, native_ctx: int, data: bool = True, evaluators: list 
         if data and hasattr(ev, "check_data"):
             ev.check_data(where)
     return evaluators
+
+
+# upper bounds of an evaluator's count settings, checked before anything loads (``check_counts``; docs/bad_inputs.md):
+# far above any study's (the paper's suites: 1000 passkey prompts, 200 RULER samples per task, 128 generated tokens),
+# far below what would run for days or fill the memory (samples=1e9 ran for 15 minutes before anything was measured)
+MAX_SAMPLES = 100_000
+MAX_GEN_TOKENS = 4_096
+COUNT_BOUNDS = {"samples": MAX_SAMPLES, "limit": MAX_SAMPLES, "max_windows": MAX_SAMPLES, "buckets": MAX_SAMPLES,
+                "shots": MAX_SAMPLES, "depth_intervals": 1_000, "depth_bins": 1_000, "gen_tokens": MAX_GEN_TOKENS,
+                "max_new_tokens": MAX_GEN_TOKENS, "max_gen": MAX_GEN_TOKENS, "max_gen_cap": MAX_GEN_TOKENS}
+
+
+def check_counts(args, where: str) -> None:
+    """Each count setting of an evaluator's ``args`` (``COUNT_BOUNDS``: samples, generated tokens, ...) at most its
+    bound: one line naming the key, the value and the bound."""
+    for k, bound in COUNT_BOUNDS.items():
+        v = getattr(args, k, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > bound:
+            raise ConfigError(f"{where}.{k} = {v} is above the bound of {bound} (valid: 1..{bound}; the bounds: "
+                              f"harness/evals/__init__.py COUNT_BOUNDS)")
 
 
 def check_nonneg(where: str, **values) -> None:

@@ -26,7 +26,7 @@ class EvalProgress:
     length to each line."""
 
     def __init__(self, every_s: float | None = None, terminal: bool | None = None, write=None):
-        self.every_s = float(os.environ.get("HARNESS_PROGRESS_S", "60")) if every_s is None else every_s
+        self.every_s = float(os.environ.get("HARNESS_PROGRESS_S") or "60") if every_s is None else every_s
         self.terminal = console.is_terminal if terminal is None else terminal
         self.write = write or plog.line
         self.tokens: dict = {}

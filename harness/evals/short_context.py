@@ -136,7 +136,9 @@ def write_task_yamls(data_dir: Path, out: Path, fewshot: dict, tasks: list[str])
                     for s in ("dev", "test")}
             names[t] = []
             for subj in sorted({r["subject"] for r in rows["test"]}):
-                sd = out / "mmlu_data" / subj
+                from harness.safe import check_name, inside
+
+                sd = inside(out / "mmlu_data", check_name(subj, f"{d / 'test.jsonl'}: subject"))  # data, not a path
                 sd.mkdir(parents=True, exist_ok=True)
                 for s in ("dev", "test"):
                     mine = [r for r in rows[s] if r["subject"] == subj]

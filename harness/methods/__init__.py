@@ -28,6 +28,12 @@ unchanged}`` (the row's ``method_params``). Likewise a config's sliding window (
 blocked-attention methods do not apply: ``checkpoint_attention: {sliding_window, action: dropped}``. These records
 are not parameters: never part of the checkpoint comparison (``method.json``).
 
+Needs: what a method needs of the model it changes is declared on its class (``needs = ROPE``: rotary position
+embeddings; ``BLOCKWISE``: RoPE of a static type and a model class that takes a registered attention function;
+``Needs.min_window``: a native window of at least ``MIN_WINDOW`` tokens) and checked by ``Method.check_model`` on the
+checkpoint's config when the run is composed (``pipeline.setup``), before any weights load: ``method=pi`` on GPT-2
+is one line, not an ``ok`` row identical to the base.
+
 Methods receive plain arguments from their ``Args`` dataclass (validated against the YAML), never a DictConfig.
 
 Facts: what the tables, findings, figures, plan and report know about a method is declared in its YAML under
@@ -169,6 +175,44 @@ def facts(name_or_row) -> Facts | None:
     return None
 
 
+# the shortest native window C (tokens) a run accepts: below it a method length in units of C rounds to a handful of
+# tokens and no evaluator's prompt (a passkey template alone is ~30 tokens) fits one window
+MIN_WINDOW = 16
+STATIC_ROPE = ("default", "linear", "llama3")  # rope types a blocked-attention method keeps (rope.require_static_rope)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a method needs of the model it changes, declared on its class (``needs = Needs(rope=True)``) and checked
+    when the run is composed, before any weights load (``Method.check_model``, called by ``pipeline.setup`` with the
+    checkpoint's config): one line naming the method and what the model lacks."""
+
+    rope: bool = False                 # rotary position embeddings (a RoPE method changes their frequencies)
+    rope_types: tuple = ()             # the model's rope types it can work with (empty: any; it replaces them)
+    attention_interface: bool = False  # installs its attention through transformers' AttentionInterface
+    min_window: int = MIN_WINDOW       # the smallest native window C (tokens) it is defined for
+
+
+ROPE = Needs(rope=True)
+BLOCKWISE = Needs(rope=True, rope_types=STATIC_ROPE, attention_interface=True)  # ``_blockwise.install``'s methods
+
+
+def model_facts(config) -> dict:
+    """What ``Needs`` asks of a transformers config (None: not readable here, only the window is checked):
+    ``model_type``, ``rope_type`` (None without RoPE) and whether its model class takes a registered attention
+    function (``_supports_attention_backend``; None when the class is unknown)."""
+    rp = getattr(config, "rope_parameters", None)
+    rope = (dict(rp).get("rope_type") or dict(rp).get("type") or "default") if rp else None
+    try:
+        from transformers import AutoModelForCausalLM
+
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        interface = bool(getattr(cls, "_supports_attention_backend", False))
+    except Exception:  # noqa: BLE001 - a config transformers has no causal LM class for: not checked
+        interface = None
+    return {"model_type": getattr(config, "model_type", "?"), "rope_type": rope, "attention_interface": interface}
+
+
 @dataclass
 class MethodArgs:
     name: str = ""
@@ -190,6 +234,7 @@ class Method:
     """No-op hooks; a method overrides what it needs. One level only: no method inherits from another method."""
 
     Args = MethodArgs
+    needs: Needs = Needs()  # what it needs of the model (``Needs``); a RoPE method: ``ROPE``
     checkpoint_rope: dict | None = None  # set by apply() when the loaded config already carried a rope scaling
     checkpoint_attention: dict | None = None  # set by apply() when the method does not apply the config's window
 
@@ -208,6 +253,29 @@ class Method:
     def check(self, native_ctx: int, train=None) -> None:
         """Raise ConfigError for settings that cannot work with a model of native window ``native_ctx`` (and the
         fine-tuning recipe ``train``, a TrainArgs, when given)."""
+
+    def check_model(self, config, native_ctx: int) -> None:
+        """Refuse (one ConfigError line) a model this method cannot change: its ``needs`` against the checkpoint's
+        transformers ``config`` (None: only the window is checked) and native window ``native_ctx``. Called before
+        any weights load."""
+        n, where = self.needs, f"method={self.name}"
+        if native_ctx < n.min_window:
+            raise ConfigError(f"{where}: the model's native window C = {native_ctx} tokens is below the "
+                              f"{n.min_window} tokens a run needs (model.native_ctx; valid: >= {n.min_window})")
+        if config is None:
+            return
+        f = model_facts(config)
+        if n.rope and f["rope_type"] is None:
+            raise ConfigError(f"{where}: the model ({f['model_type']}) has no rotary position embeddings (RoPE) "
+                              f"for this method to change (valid: a RoPE model such as Llama, Mistral, Qwen2, Phi; "
+                              f"method=base runs any model)")
+        if n.rope_types and f["rope_type"] not in n.rope_types:
+            raise ConfigError(f"{where}: the model's rope type is {f['rope_type']!r}, which this method cannot keep "
+                              f"(valid: a model whose rope type is one of {', '.join(n.rope_types)})")
+        if n.attention_interface and f["attention_interface"] is False:
+            raise ConfigError(f"{where}: the model class of {f['model_type']} takes no registered attention function "
+                              f"(transformers' AttentionInterface), which this method installs (valid: a model whose "
+                              f"class supports attention backends, e.g. Llama, Mistral, Qwen2, Phi)")
 
     def check_data(self, native_ctx: int) -> None:
         """Raise ConfigError for files the method reads that are missing or do not fit the model (LongRoPE's

@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.config import check_base
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import rope_base, set_rope_parameters
 
 
 @METHODS.register("abf")
 class ABF(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "abf"

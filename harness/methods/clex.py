@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import CacheRefresh, default_inv_freq, register_rope_type, rope_dims, set_rope_parameters
 
 PREFIX = "model.rotary_emb."
@@ -163,6 +163,8 @@ def load_clex_weights(module: CLEXRotaryEmbedding, path: str) -> bool:
 
 @METHODS.register("clex")
 class CLEX(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "clex"

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -152,6 +152,8 @@ bw.register_attention(ATTN_NAME, dca_attention)
 
 @METHODS.register("dca")
 class DCA(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "dca"

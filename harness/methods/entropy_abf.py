@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, check_base, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, Method, MethodArgs, Needs
 from harness.methods.rope import rope_base, set_rope_parameters
 
 ATTN_NAME = "entropy_abf"
@@ -75,6 +75,8 @@ def register_attention(base: str) -> str:
 
 @METHODS.register("entropy_abf")
 class EntropyABF(Method):
+    needs = Needs(rope=True, attention_interface=True)
+
     @dataclass
     class Args(MethodArgs):
         name: str = "entropy_abf"

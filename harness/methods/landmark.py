@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -311,6 +311,8 @@ def _decoder_forward(self, input_ids=None, attention_mask=None, position_ids=Non
 
 @METHODS.register("landmark")
 class Landmark(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "landmark"

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.config import ConfigError, check_scale
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import set_rope_parameters
 
 
 @METHODS.register("llama3")
 class Llama3(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "llama3"

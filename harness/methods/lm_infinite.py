@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -88,6 +88,8 @@ bw.register_attention(ATTN_NAME, lm_infinite_attention)
 
 @METHODS.register("lm_infinite")
 class LMInfinite(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "lm_infinite"

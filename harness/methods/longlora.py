@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.config import ConfigError, check_scale
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, Method, MethodArgs, Needs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 from harness.methods.rope import set_rope_parameters
@@ -140,6 +140,8 @@ def merge_lora(model) -> int:
 
 @METHODS.register("longlora")
 class LongLoRA(Method):
+    needs = Needs(rope=True, attention_interface=True)
+
     @dataclass
     class Args(MethodArgs):
         name: str = "longlora"

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs, StageContext
+from harness.methods import METHODS, ROPE, Method, MethodArgs, StageContext
 from harness.methods.rope import (
     KV_CACHE_MODES,
     default_inv_freq,
@@ -169,6 +169,8 @@ def apply_factors(model, f: dict, *, switch: bool = True, n_hat: int = -1, atten
 
 @METHODS.register("longrope")
 class LongRoPE(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "longrope"

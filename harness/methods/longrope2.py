@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.longrope import factors_digest, load_factors, progressive_lineage
 from harness.methods.rope import (
     default_inv_freq,
@@ -58,6 +58,8 @@ register_rope_type("longrope2", longrope2_parameters,
 
 @METHODS.register("longrope2")
 class LongRoPE2(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "longrope2"

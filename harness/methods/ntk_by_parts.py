@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.config import check_scale
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import set_rope_parameters
 
 
 @METHODS.register("ntk_by_parts")
 class NTKByParts(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "ntk_by_parts"

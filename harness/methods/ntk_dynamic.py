@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from harness.config import MAX_WINDOWS, ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import (
     KV_CACHE_MODES,
     make_length_dependent,
@@ -43,6 +43,8 @@ from harness.methods.rope import (
 @METHODS.register("ntk_32k")
 @METHODS.register("ntk_dynamic")
 class NTKDynamic(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "ntk_dynamic"

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from harness.config import ConfigError
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import (
     KV_CACHE_MODES,
     make_length_dependent,
@@ -32,6 +32,8 @@ from harness.methods.rope import (
 
 @METHODS.register("ntk_frozen")
 class NTKFrozen(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "ntk_frozen"

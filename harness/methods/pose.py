@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, check_scale, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods import _flex as fx
 from harness.methods.rope import default_inv_freq, register_rope_type, rope_base, rope_dims, set_rope_parameters
 
@@ -113,6 +113,8 @@ register_rope_type("pose_yarn_revised", revised_yarn_parameters,
 # ---------------------------------------------------------------------------------------------------- method
 @METHODS.register("pose")
 class PoSE(Method):
+    needs = ROPE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "pose"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.methods import STATIC_ROPE
+
 
 def rope_base(config) -> float:
     rp = getattr(config, "rope_parameters", None) or {}
@@ -28,7 +30,7 @@ def set_rope_parameters(model, **params) -> dict:
 # Rope types whose frequencies are static with attention factor 1: what the blocked-attention methods (Self-Extend,
 # LM-Infinite, DCA, StreamingLLM, STRING, Landmark) can keep when a checkpoint's config already carries one of them,
 # since they read the model's inverse frequencies once (``_blockwise.attach_rope``) and no attention factor.
-STATIC_ROPE_TYPES = ("default", "linear", "llama3")
+STATIC_ROPE_TYPES = STATIC_ROPE  # declared beside ``Needs`` (harness.methods), checked there before loading
 
 
 def scaled_rope(config) -> dict | None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -111,6 +111,8 @@ bw.register_attention(ATTN_NAME, self_extend_attention)
 
 @METHODS.register("self_extend")
 class SelfExtend(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "self_extend"

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -109,6 +109,8 @@ bw.register_attention(ATTN_NAME, streaming_llm_attention)
 
 @METHODS.register("streaming_llm")
 class StreamingLLM(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "streaming_llm"

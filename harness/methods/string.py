@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError, window_tokens
-from harness.methods import METHODS, Method, MethodArgs
+from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
 from harness.methods import _flex as fx
 
@@ -117,6 +117,8 @@ bw.register_attention(ATTN_NAME, string_attention)
 
 @METHODS.register("string")
 class String(Method):
+    needs = BLOCKWISE
+
     @dataclass
     class Args(MethodArgs):
         name: str = "string"

@@ -194,6 +194,26 @@ def rotary_dim(config) -> int:
     return int(head_dim * prf)
 
 
+def hf_config(cfg_model):
+    """The transformers config of the checkpoint a run of ``cfg_model`` will load, read without its weights
+    (``config.json`` of a folder or of a hub id in the local cache), or None when it cannot be read here (the load
+    then says why) or is a GGUF file (transformers parses the whole file for its config: 9 s for SmolLM2-135M): what
+    ``Method.check_model`` checks before anything loads."""
+    from transformers import AutoConfig
+
+    try:
+        name = cfg_model.get("name")
+        cls, args = MODELS.args(cfg_model, f"model={name}", name=cfg_model.get("builder") or name)
+        path, gguf = cls.source(args) if hasattr(cls, "source") else (args.path, args.gguf_file)
+        if gguf:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not readable here (a cluster path, a hub id not cached): the load reports it
+        return None
+
+
 def available_memory(device: torch.device) -> int | None:
     """Free bytes where the model's tensors live: the GPU's free memory, or the host's MemAvailable (None if
     unknown)."""

@@ -133,7 +133,7 @@ def ppl(m: dict, L) -> Est | None:
     est = stats.ppl_interval(x)
     if est is None:
         return Est(v, n=len(x), unit="windows", kind="ppl", samples=x, paired=True,
-                   note=f"fewer than {stats.MIN_DOCS} windows")
+                   note=f"fewer than {stats.MIN_DOCS} windows, or PPL not finite")
     scale = v / est[0] if est[0] else 1.0  # longlora protocol: 2.71828 ** mean
     return Est(v, est[1] * scale, est[2] * scale, len(x), "documents" if m.get("protocol") != "longlora" else
                "windows", "ppl", x, True)

@@ -52,6 +52,7 @@ from matplotlib.patches import Patch, Rectangle
 from harness import stats
 from harness.methods import facts
 from harness.results import atomic_write
+from harness.safe import safe_file
 from harness.tables import estimates as est
 from harness.tables import samples
 from harness.tables.build import _task_mean, attention
@@ -78,7 +79,7 @@ def _suptitle(fig, text: str, fontsize: float = 10) -> None:
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    paths = [safe_file(out_dir, name, suffix, "figure name") for suffix in (".png", ".pdf")]  # never outside out_dir
     try:  # temp file + rename: a full disk keeps the previous figure
         atomic_write(paths[0], lambda f: fig.savefig(f, format="png", dpi=110))
         # no creation date in the PDF: the same rows give the same bytes (a regenerated study diffs clean)

@@ -1341,17 +1341,19 @@ def write(results_dir: str | Path, out: str | Path | None = None, model: str | N
           runs_dir: str | Path | None = None, study: str | None = None) -> Path:
     """``results/<study>/findings.md`` from the study's own rows (``study`` None: the rows of no study,
     ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead."""
-    from harness.results import atomic_write_text, read_rows, study_dir
+    from harness.results import atomic_write_text, read_rows, signals_held, study_dir
     from harness.tables import rows_source
     from harness.tables.rows import load_spec, read_rows_in
 
     rs = RowSet(read_rows(results_dir, study) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     here = study_dir(results_dir, study)
     path = Path(out or here / "findings.md")
-    atomic_write_text(path, report(rs, model, source=str(runs_dir) if runs_dir is not None else rows_source(study)))
-    if runs_dir is None and out is None:  # the study's front page and the index carry the verdict counts
-        from harness.tables.front import write_front, write_index
+    text = report(rs, model, source=str(runs_dir) if runs_dir is not None else rows_source(study))
+    with signals_held():  # findings.md, the front page's and the index's verdict counts change together
+        atomic_write_text(path, text)
+        if runs_dir is None and out is None:  # the study's front page and the index carry the verdict counts
+            from harness.tables.front import write_front, write_index
 
-        write_front(here, findings_path=path, study=study)
-        write_index(results_dir)
+            write_front(here, findings_path=path, study=study)
+            write_index(results_dir)
     return path

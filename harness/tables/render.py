@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results import atomic_write_text
+from harness.safe import safe_file
 
 DASH = "\u2014"
 
@@ -201,7 +202,7 @@ def to_latex(t: Table) -> str:
 def write(t: Table, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    md, tex = out_dir / f"{t.id}.md", out_dir / f"{t.id}.tex"
+    md, tex = (safe_file(out_dir, t.id, suffix, "table id") for suffix in (".md", ".tex"))  # never outside out_dir
     atomic_write_text(md, to_markdown(t))  # temp file + rename: a full disk keeps the previous table
     atomic_write_text(tex, to_latex(t))
     return [md, tex]

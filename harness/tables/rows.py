@@ -245,7 +245,7 @@ class RowSet:
         # by the current one (``make study`` re-runs such points): it feeds no cell and is named in a footnote
         from harness.evals.convergence import current, outdated
 
-        rerun = {r.get("config_hash") for r in ok if r.get("config_hash") and current(r)}
+        rerun = {r.get("config_hash") for r in ok if r.get("config_hash") and current(r)}  # recomputed on read
         self.superseded = [r for r in ok if outdated(r) and r.get("config_hash") in rerun]
         ok = [r for r in ok if not (outdated(r) and r.get("config_hash") in rerun)]
         # fine-tuned rows that failed the convergence gate (harness.evals.convergence) measure an unfinished recipe,

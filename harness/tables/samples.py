@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import stats
+from harness.safe import is_safe_name
 
 
 @functools.lru_cache(maxsize=64)
@@ -45,6 +46,8 @@ def samples_file(row: dict, names: list[str]) -> Path | None:
     if not run_dir:
         return None
     for n in names:
+        if not is_safe_name(n):
+            continue
         p = Path(run_dir) / "samples" / f"{n}.jsonl"
         if p.is_file():
             return p

@@ -19,7 +19,9 @@ another key is never loaded.
   publish and again before a resume, files hashed in parallel threads (``DIGEST_THREADS``); SHA-256 runs at ~700 MB/s
   per core on this project's CPU box (2 cores, SHA-NI; measured on a 256 MiB file, 3 reads), so a 110 GB ZeRO-3
   checkpoint of LLaMA2-7B with its optimizer costs about 160 s per save on one core, ~20 s over 8 threads where the
-  filesystem delivers the bandwidth; checkpoints written before digests existed are checked by size only.
+  filesystem delivers the bandwidth. A checkpoint whose ``meta.json`` lacks the digest of a file it lists (written
+  before digests existed, or edited) is refused like a damaged one: a warning naming it, then the previous step or
+  step 0 (issue 46: one without digests resumed from flipped bytes with no warning).
 - Files are created with the umask's permissions, like rows (``share``): safetensors writes 0600, which would hide
   the weights from teammates sharing the directory.
 - No pickles: optimizer, scheduler, EMA and RNG states are tensors (safetensors) plus a JSON skeleton
@@ -260,8 +262,8 @@ class Store:
         return [d for _, d in sorted(out, reverse=True)]
 
     def verify(self, d: Path, digests: bool = True) -> dict:
-        """``meta.json`` of ``d`` after checking that every recorded file exists with its recorded size and, where
-        ``meta.json`` has them (checkpoints written since digests exist) and ``digests``, its recorded SHA-256 (the
+        """``meta.json`` of ``d`` after checking that every recorded file exists with its recorded size and, with
+        ``digests``, its recorded SHA-256, which every listed file must have (the
         DeepSpeed engine hashes on rank 0 only and shares the verdict: one read of the checkpoint, not one per
         rank)."""
         meta = read_file(d / "meta.json", lambda p: json.loads(Path(p).read_text()))
@@ -276,6 +278,14 @@ class Store:
             if f.stat().st_size != size:
                 raise CheckpointError(f, f"{f.stat().st_size} bytes, {size} when written (truncated or damaged)")
         recorded = (meta.get("sha256") or {}) if digests else {}
+        if digests:
+            files = meta.get("files")
+            missing = sorted(set(files or {}) - set(recorded)) if isinstance(files, dict) else ["(no file list)"]
+            if missing or not isinstance(recorded, dict):
+                # sizes alone do not catch bytes flipped inside a tensor: a checkpoint that cannot prove its bytes
+                # is not resumed (written before digests existed, or its meta.json edited)
+                raise CheckpointError(d / "meta.json", f"no SHA-256 digest of {', '.join(missing[:3])} (written "
+                                                       f"before digests or edited): not resumed without one")
         rels = list(recorded)
         for rel, got in zip(rels, digest_files([d / r for r in rels])):
             if got != recorded[rel]:

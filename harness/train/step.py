@@ -54,6 +54,16 @@ def step_loss(micro_losses: list[torch.Tensor], accumulation: int, step: int | N
     return loss
 
 
+def check_finite_weights(model, where: str) -> None:
+    """Raise ``NonFinite`` naming the first parameter that holds a NaN or an infinity: the loss of a step is read
+    before its update, so the last update of a diverging run (2 steps at lr=1e9) is only seen in the weights."""
+    from harness.safe import NonFinite
+
+    for name, p in model.named_parameters():
+        if p.numel() and not bool(torch.isfinite(p.detach()).all()):
+            raise NonFinite(f"{where}: non-finite weights in {name} (the training diverged; lower train.lr)")
+
+
 def document_position_ids(input_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
     """Position ids that restart at 0 at every BOS token (each packed document starts at position 0).
 

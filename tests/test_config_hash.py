@@ -28,9 +28,9 @@ def test_the_committed_tiny_study_rows_still_match_their_points(monkeypatch):
 # what leaves the hash (placement and bookkeeping), key by key, for the default run's composed config: a setting added
 # to the config lands in the hash unless it is listed here and in harness.results.NOT_IN_CONFIG_HASH
 OUT_OF_THE_HASH = {"device", "eval_world_size", "paths.results_dir", "paths.output_dir", "paths.ckpt_dir",
-                   "paths.cache_dir", "paths.eval_root", "logger.name", "logger.mode", "logger.project",
+                   "paths.cache_dir", "paths.eval_root", "logger.name", "logger.mode", "logger.project", "logger.group",
                    "data.cache_dir", "data.max_tokens", "data.scale", "data.larger", "train.save_every",
-                   "train.log_every", "train.keep_checkpoints", "method.facts"}
+                   "train.log_every", "train.keep_checkpoints", "method.facts", "cost.limit_s"}
 
 
 def _leaves(cfg: dict) -> list[str]:
@@ -77,7 +77,7 @@ def test_a_rows_hash_is_recomputed_from_its_config_on_read(tmp_path):
 
     from harness.results import LEGACY_NOT_IN_CONFIG_HASH, read_rows_in, row_hash
 
-    committed = sorted((ROOT / "results" / "runs").glob("*.json"))
+    committed = sorted((ROOT / "results").glob("*/runs/*.json"))  # every committed study's rows
     for p in committed:  # every committed row's recorded hash is its config's under the rule it was written with
         row = json.loads(p.read_text())
         if isinstance(row.get("config"), dict) and row["config"]:

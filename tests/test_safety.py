@@ -185,6 +185,7 @@ class _Stub:
     """An evaluator that returns (or raises) what it is given."""
 
     version = 1
+    args = None  # no settings (a real evaluator has its typed Args)
 
     def __init__(self, out):
         self.out = out

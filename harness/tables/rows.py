@@ -1,14 +1,14 @@
 """Results rows -> table entries: filtering, matching, labels, lengths as multiples of the native window.
 
-A table entry is one configuration: (model, method, method parameters, train, data, eval protocol, evaluation
-suite), where the eval protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries and the
-suite is the row's ``eval`` option (or the suite it ``extends``: ``suite_of``); rows of another suite that measure
-nothing the entry measures (no table source in common: ``eval=extended`` beside ``eval=tiny``) join the entry of the
-same configuration, so rows of different suites never fill the same cell. Only ``status == "ok"`` rows are used;
-failed and still-running rows are counted for a footnote. When several rows of one entry carry a value for the same
-cell, they compete (``Pick``): the newest (``time_end``, then ``time_start``, then ``run_id``) is taken, except that a newer row with fewer samples for the
-cell than the row it would displace is refused (the older row keeps the cell); the table says which row was taken
-and why in a footnote, and ``RowSet.refusals`` gives one line per refused row naming both files.
+A table entry is one configuration: (model, method, method parameters, train, data, eval protocol, evaluation suite),
+where the eval protocol is the perplexity protocol (``yarn`` | ``longlora``) of the row's PPL entries and the suite is
+the row's ``eval`` option (or the suite it ``extends``: ``suite_of``); rows of another suite that measure nothing the
+entry measures (no table source in common: ``eval=extended`` beside ``eval=tiny``) join the entry of the same
+configuration, so rows of different suites never fill the same cell. Only ``status == "ok"`` rows are used; failed and
+still-running rows are counted for a footnote. When several rows of one entry carry a value for the same cell, they
+compete (``Pick``): the newest (``time_end``, then ``time_start``, then ``run_id``) is taken, except that a newer row
+with fewer samples for the cell than the row it would displace is refused (the older row keeps the cell); the table says
+which row was taken and why in a footnote, and ``RowSet.refusals`` gives one line per refused row naming both files.
 
 Training seeds: rows of one configuration fine-tuned with different seeds (``data.seed`` / ``train.seed``: the
 sample and order of the training mixture and the training RNG; the evaluation prompts follow the global ``seed`` and

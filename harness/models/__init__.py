@@ -122,11 +122,17 @@ def place(model, device, device_map=None):
         return model.to(device)
     from accelerate import dispatch_model
 
+    from harness.device import accelerator
+
     if not isinstance(device_map, dict):
         first = torch.device(device).index or 0
         g = torch.cuda.device_count() - first if device_map == "auto" else int(device_map)
         device_map = split_map(model, {i: int(0.9 * torch.cuda.mem_get_info(i)[0]) for i in range(first, first + g)})
-    return dispatch_model(model, device_map=device_map)
+    # accelerate's integers are GPU indices: handed over as the GPU devices they mean; the model keeps the map
+    model = dispatch_model(model, device_map={k: accelerator(v) if isinstance(v, int) else v
+                                              for k, v in device_map.items()})
+    model.hf_device_map = dict(device_map)
+    return model
 
 
 def split_map(model, max_memory: dict) -> dict:
@@ -163,7 +169,9 @@ def choose_device_map(cfg_model, device: torch.device, length: int, generates: b
     ``device``'s free memory; else None (one device). g is ``harness.memory.gpus_needed`` (the prefill's activations
     are not split), capped at the GPUs visible from ``device`` on (``check_fits`` then refuses what still cannot
     fit)."""
-    if device.type != "cuda" or torch.cuda.device_count() < 2:
+    from harness.device import is_accelerator
+
+    if not is_accelerator(device) or torch.cuda.device_count() < 2:
         return None
     from transformers import AutoConfig
 
@@ -197,8 +205,10 @@ def rotary_dim(config) -> int:
 def available_memory(device: torch.device) -> int | None:
     """Free bytes where the model's tensors live: the GPU's free memory, or the host's MemAvailable (None if
     unknown)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+    from harness.device import is_accelerator
+
+    if is_accelerator(device):
+        return int(torch.cuda.mem_get_info(device.index or 0)[0])
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemAvailable:"):
@@ -220,14 +230,16 @@ def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
 def model_devices(model) -> list[torch.device]:
     """The devices the model's weights are on: every device of ``model.hf_device_map`` (a model spread by
     ``device_map``; integers are CUDA indices), else the device of its first parameter."""
+    from harness.device import accelerator, is_accelerator
+
     dm = getattr(model, "hf_device_map", None) or {}
     out: list[torch.device] = []
     for d in dm.values():
         if d == "disk":
             continue
-        dev = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", 0)
+        dev = accelerator(d) if isinstance(d, int) else torch.device(d)
+        if is_accelerator(dev) and dev.index is None:
+            dev = accelerator(0)
         if dev not in out:
             out.append(dev)
     return out or [next(model.parameters()).device]

@@ -214,9 +214,11 @@ def test_every_registered_method_is_covered():
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_method_runs_on_the_device(name, tiny_tokenizer):
+def test_method_runs_on_the_device(name, tiny_tokenizer, virtual_node):
     """apply, a forward beyond the native window, the evaluation primitives (token NLL, greedy generation with
-    the KV cache and prefix reuse) and the training forward + backward, all with the model on the device."""
+    the KV cache and prefix reuse) and the training forward + backward, all with the model on a GPU of the virtual
+    node and the attention backend a CUDA node picks (``auto``: flex, compiled, where the method has a fused path;
+    every fused call runs a compiled graph)."""
     from harness.evals.common import PrefixCache, token_nll
     from harness.methods import build_method
     from harness.methods._flex import set_backend
@@ -225,8 +227,8 @@ def test_method_runs_on_the_device(name, tiny_tokenizer):
     to_accelerator(handle.model)
     n = C + 24
     prompt = torch.randint(5, 4000, (1, n), generator=torch.Generator().manual_seed(1))
-    with Accelerator():
-        set_backend(handle.model, "reference")
+    with virtual_node:
+        set_backend(handle.model, "auto")
         method = build_method(group_defaults("method", name))
         method.apply(handle)
         ids = prompt.to(STANDIN)
@@ -247,6 +249,7 @@ def test_method_runs_on_the_device(name, tiny_tokenizer):
         grads = [p.grad for p in handle.model.parameters() if p.grad is not None]
         assert grads and all(isinstance(g, OnDevice) for g in grads)
         method.eval_mode(handle)
+    assert virtual_node.kernels.eager_calls == 0
 
 
 def test_window_nlls_on_the_device(tiny_tokenizer):

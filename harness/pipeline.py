@@ -21,7 +21,7 @@ from harness.evals import max_length as eval_max_length
 from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
-from harness.models import build_model, check_device, check_fits, choose_device_map
+from harness.models import build_model, check_device, check_fits, reposition
 from harness.train import TrainArgs
 
 
@@ -161,13 +161,13 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     device = check_device(cfg.get("device", "auto"))
     if suite is None:
         suite = Suite.of(cfg)
-    longest = max((eval_max_length(ev) for ev in suite.evaluators), default=0)
-    device_map = choose_device_map(cfg.model, device, longest, any(getattr(ev, "generates", False)
-                                                                   for ev in suite.evaluators))
-    handle = build_model(cfg.model, device=device, device_map=device_map)
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
-                   key=f"eval.suite.{key}")
+    groups = eval_groups(suite, placement(cfg, suite, method, device))
+    first = groups[0].gpus if groups else 1  # placed for the first evaluator; evaluations re-places per group
+    handle = build_model(cfg.model, device=device, device_map=first if first > 1 else None)
+    handle.info["eval_groups"] = groups
+    for grp in groups:
+        if grp.gpus == first:
+            check_group(handle, suite, grp)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
@@ -182,6 +182,72 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     set_backend(handle.model, attention_args(cfg).backend)
     method.apply(handle)
     return handle
+
+
+@dataclass(frozen=True)
+class EvalGroup:
+    """Part of the suite run on one placement: entry ``key`` at ``lengths`` (None: all of its lengths) with the model
+    spread over ``gpus`` GPUs per replica."""
+
+    key: str
+    lengths: tuple | None
+    gpus: int
+
+
+def placement(cfg, suite: Suite, method, device) -> dict:
+    """``{entry: {L: GPUs one replica spans}}`` for every evaluator and length of ``suite``: the rule of
+    ``harness.evals.replica_gpus`` -- the one ``make plan`` uses -- with the checkpoint's shape and ``device``'s free
+    memory, capped at the GPUs visible from ``device``; ``{}`` off a GPU or with one visible."""
+    from harness.evals import method_limit, replica_gpus
+    from harness.models import available_memory, checkpoint_shape, visible_gpus
+
+    visible = visible_gpus(device)
+    free = available_memory(device) if visible > 1 else None
+    if not free:
+        return {}
+    shape, itemsize = checkpoint_shape(cfg.model)
+    limit = method_limit(method, native_ctx(cfg))
+    lengths = list(cfg.eval.get("lengths") or [])
+    out = {}
+    for key, ev in zip(suite.nodes, suite.evaluators):
+        at = replica_gpus(ev, lengths, limit, shape, itemsize, free)
+        out[key] = {L: visible if g is None else min(g, visible) for L, g in at.items()}
+    return out
+
+
+def eval_groups(suite: Suite, place: dict) -> list[EvalGroup]:
+    """The suite in order as :class:`EvalGroup` s: an evaluator whose lengths are independent (``by_length``) is split
+    where its lengths need different placements; any other runs whole on the placement of its longest input."""
+    out = []
+    for key, ev in zip(suite.nodes, suite.evaluators):
+        at = place.get(key) or {}
+        if getattr(ev, "by_length", False) and len(set(at.values())) > 1:
+            for g in sorted(set(at.values())):
+                out.append(EvalGroup(key, tuple(L for L in at if at[L] == g), g))
+        else:
+            out.append(EvalGroup(key, None, max(at.values(), default=1)))
+    return out
+
+
+def group_suite(suite: Suite, grp: EvalGroup) -> Suite:
+    """The one-entry view of ``suite`` that ``grp`` runs."""
+    return suite.only(grp.key, lengths=list(grp.lengths)) if grp.lengths is not None else suite.only(grp.key)
+
+
+def check_group(handle, suite: Suite, grp: EvalGroup) -> None:
+    """``check_fits`` of the group's longest input on the model as it is placed."""
+    ev = group_suite(suite, grp).evaluators[0]
+    check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False), key=f"eval.suite.{grp.key}")
+
+
+def merge_outputs(a, b):
+    """One evaluator's outputs of disjoint lengths as one: dicts merged key by key, anything else from ``b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge_outputs(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(b)
 
 
 def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=None) -> dict | None:
@@ -245,33 +311,48 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
     that many data-parallel ranks (``harness.eval_distributed``) and the same tuples come back from rank 0."""
     if suite is None:
         suite = Suite.of(cfg)
-    world = eval_world_size(cfg, handle)
-    if world > 1:
-        from harness.eval_distributed import evaluate_parallel
-
-        versions = [eval_version(ev) for ev in suite.evaluators]
-        for (key, out, seconds), version in zip(evaluate_parallel(cfg, handle, method, run_dir, suite.nodes, world),
-                                                versions):
-            yield key, out, seconds, version
-        return
+    groups = handle.info.get("eval_groups")
+    if groups is None or any(g.key not in suite.nodes for g in groups):  # a suite the model was not placed for
+        groups = eval_groups(suite, placement(cfg, suite, method, check_device(cfg.get("device", "auto"))))
+    groups = [g for g in groups if g.key in suite.nodes]
     ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        ctx.entry = key
-        t0 = time.time()
-        out = ev.run(handle, method, ctx)
-        yield key, out, round(time.time() - t0, 2), eval_version(ev)
+    done: dict = {}  # entry -> [merged output, seconds, groups left]
+    left = {k: sum(g.key == k for g in groups) for k in suite.nodes}
+    for grp in groups:
+        part = group_suite(suite, grp)
+        ev = part.evaluators[0]
+        world = eval_world_size(cfg, handle, gpus=grp.gpus)
+        if world > 1:
+            from harness.eval_distributed import evaluate_parallel
+
+            ((_, out, seconds),) = list(evaluate_parallel(cfg, handle, method, run_dir, part.nodes, world,
+                                                          gpus=grp.gpus))
+        else:
+            if handle.info.get("eval_groups") is not None:  # placed by load_and_extend: the group's placement
+                reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
+                check_group(handle, suite, grp)
+            ctx.entry = grp.key
+            t0 = time.time()
+            out = ev.run(handle, method, ctx)
+            seconds = round(time.time() - t0, 2)
+        prev = done.get(grp.key)
+        done[grp.key] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
+        left[grp.key] -= 1
+        if not left[grp.key]:
+            yield grp.key, *done[grp.key], eval_version(ev)
 
 
-def eval_world_size(cfg, handle=None) -> int:
-    """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when the
-    loaded model is split over g of them; 1 on CPU) or an integer >= 1, resolved; one line naming the key
-    otherwise."""
+def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
+    """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when a
+    replica spans g of them: ``gpus``, else the loaded model's; 1 on CPU) or an integer >= 1, resolved; one line
+    naming the key otherwise."""
     from harness.eval_distributed import resolve_world_size
     from harness.models import gpus_of
 
-    return resolve_world_size(cfg.get("eval_world_size", "auto"),
-                              gpus_per_replica=gpus_of(handle) if handle is not None else 1)
+    if gpus is None:
+        gpus = gpus_of(handle) if handle is not None else 1
+    return resolve_world_size(cfg.get("eval_world_size", "auto"), gpus_per_replica=gpus)
 
 
 def eval_version(ev) -> int:

@@ -89,6 +89,11 @@ def _on(t) -> bool:
 
 
 def _dispatch(func, args, kwargs):
+    if func.namespace == "c10d":  # a collective: the process group decides (an NCCL-like one refuses CPU tensors)
+        if func is torch.ops.c10d.barrier.default:  # no data: torch makes its own tensor, on the current GPU on CUDA
+            args = (OnDevice(args[0], gpu(torch.cuda.current_device())), *args[1:])
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+            return func(*args, **kwargs)
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     on = [t for t in tensors if _on(t)]
     off = [t for t in tensors if not _on(t) and t.dim() > 0]

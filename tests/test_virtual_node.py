@@ -168,3 +168,40 @@ def test_token_nll_of_a_split_model_equals_the_unsplit_one(virtual_node, tokeniz
     assert isinstance(got, OnDevice) and got.device == gpu(1)
     torch.testing.assert_close(unwrap(got), want)
     assert STANDIN == gpu(0)
+
+
+# ------------------------------------------------------------------------------ the device map: plan == run.py
+LLAMA2_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+             "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}  # its config.json
+
+
+def test_plan_and_run_place_every_paper_evaluator_and_length_alike(tmp_path, monkeypatch):
+    """``make plan`` (A100-80GB, an 8-GPU node) and ``run.py`` on an 8 x 80 GB node (its placement, from the
+    checkpoint's config and the GPUs' free memory) give every evaluator of ``experiment=paper_llama2``'s suite the
+    same GPUs per replica at every length: one rule (``harness.evals.replica_gpus``). Before, run.py split the
+    model for the whole suite by its longest input (NIAH at 128k: 2 GPUs for PPL too) while the plan gave PPL,
+    RULER, ... one GPU each. Only NIAH at its longest lengths spans two GPUs."""
+    from harness import pipeline, plan
+    from harness.evals import method_limit
+    from harness.methods import build_method
+    from harness.sweeps import compose
+    from tests.virtual_node import VirtualNode
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA2_7B))
+    cfg = compose(["model=hub", f"model.path={tmp_path}", "model.native_ctx=4096", "model.name=llama2_geometry",
+                   "model.dtype=bfloat16", "method=base", "train=none", "eval=paper"])
+    VirtualNode(gpus=8, capacity=80 * 2**30).install(monkeypatch)
+    method = build_method(cfg.method)
+    suite = pipeline.Suite.of(cfg)
+    run = pipeline.placement(cfg, suite, method, gpu(0))
+    planned = plan.eval_plan(cfg, plan.model_shape(cfg), method_limit(method, 4096), gpu="A100", node_gpus=8)
+    assert set(run) == set(planned) == set(suite.nodes)
+    for key, per in planned.items():
+        want = {int(L): min(p["gpus_needed"] or 8, 8) for L, p in per["lengths"].items()}
+        assert run[key] == want, key
+    split = {(k, L) for k, at in run.items() for L, g in at.items() if g > 1}
+    assert split and {k for k, _ in split} == {"niah"}
+    groups = pipeline.eval_groups(suite, run)
+    assert [g.gpus for g in groups if g.key != "niah"] == [1] * (len(groups) - 1)

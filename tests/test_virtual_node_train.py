@@ -66,7 +66,7 @@ class PlainEngine:
             self.scheduler.step()
 
 
-def _spec(tmp_path, model_dir) -> "object":
+def _spec(tmp_path, model_dir) -> object:
     from harness.config import to_args
     from harness.data import build_data
     from harness.models import build_model

@@ -205,3 +205,31 @@ def test_plan_and_run_place_every_paper_evaluator_and_length_alike(tmp_path, mon
     assert split and {k for k, _ in split} == {"niah"}
     groups = pipeline.eval_groups(suite, run)
     assert [g.gpus for g in groups if g.key != "niah"] == [1] * (len(groups) - 1)
+
+
+def test_run_places_the_model_per_evaluator_and_length(tmp_path, monkeypatch, results_env):
+    """On 2 emulated GPUs of 50 MiB, tiny_llama's PPL at C fits one GPU and its passkey at 4C needs two
+    (``harness.memory.replica_gpus``): ``load_and_extend`` places the model for the first evaluator (one GPU), and
+    ``evaluations`` spreads it over both GPUs for the passkey only. Before, one map for the whole suite (from its
+    longest input) split the model for every evaluator."""
+    from harness import pipeline
+    from harness.models import gpus_of
+    from harness.sweeps import compose
+    from tests.virtual_node import VirtualNode
+
+    node = VirtualNode(gpus=2, capacity=50 * 2**20).install(monkeypatch)
+    cfg = compose(["method=base", "train=none", "eval=quick", "device=auto", "autocast=float32",
+                   "eval_world_size=1"])
+    suite = pipeline.Suite.build({
+        "ppl": {**group_defaults("evaluator", "ppl"), "samples": 1, "lengths": [512], "max_windows": 1},
+        "passkey": {**group_defaults("evaluator", "passkey"), "samples": 1, "gen_tokens": 2, "lengths": [2048]}})
+    method, _ = pipeline.validate(cfg)
+    with node:
+        handle = pipeline.load_and_extend(cfg, method, suite=suite)
+        assert [(g.key, g.gpus) for g in handle.info["eval_groups"]] == [("ppl", 1), ("passkey", 2)]
+        assert on_gpus(handle.model) == {0}
+        placed = []
+        for key, out, _, _ in pipeline.evaluations(cfg, handle, method, tmp_path, suite):
+            placed.append((key, gpus_of(handle), sorted(on_gpus(handle.model))))
+            assert out
+    assert placed == [("ppl", 1, [0]), ("passkey", 2, [0, 1])]

@@ -55,11 +55,15 @@ class OnDevice(torch.Tensor):
     """Real CPU data (``_data``) on an emulated accelerator (``STANDIN`` = the first)."""
 
     @staticmethod
-    def __new__(cls, data, device: torch.device = STANDIN):
-        device = _norm(torch.device(device))
+    def __new__(cls, data, device: torch.device | None = None, requires_grad: bool | None = None):
+        if isinstance(data, OnDevice):  # re-wrapped (accelerate rebuilds a parameter as type(param)(value, ...))
+            device = data.device if device is None else device
+            data = data._data
+        device = _norm(torch.device(STANDIN if device is None else device))
+        grad = data.requires_grad if requires_grad is None else requires_grad
         r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(),
                                                 storage_offset=data.storage_offset(), dtype=data.dtype,
-                                                device=device, requires_grad=data.requires_grad)
+                                                device=device, requires_grad=grad)
         r._data = data
         _LIVE.setdefault(device.index, weakref.WeakSet()).add(r)
         return r

@@ -61,9 +61,11 @@ class OnDevice(torch.Tensor):
             data = data._data
         device = _norm(torch.device(STANDIN if device is None else device))
         grad = data.requires_grad if requires_grad is None else requires_grad
-        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(),
-                                                storage_offset=data.storage_offset(), dtype=data.dtype,
-                                                device=device, requires_grad=grad)
+        with torch.inference_mode(False):  # never an inference tensor itself (a buffer made under inference mode and
+            # used outside it: a view of it would need a version counter); its data may be one
+            r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(),
+                                                    storage_offset=data.storage_offset(), dtype=data.dtype,
+                                                    device=device, requires_grad=grad)
         r._data = data
         _LIVE.setdefault(device.index, weakref.WeakSet()).add(r)
         return r

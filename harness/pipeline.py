@@ -165,6 +165,7 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
     first = groups[0].gpus if groups else 1  # placed for the first evaluator; evaluations re-places per group
     handle = build_model(cfg.model, device=device, device_map=first if first > 1 else None)
     handle.info["eval_groups"] = groups
+    handle.info["eval_suite"] = id(suite)  # the suite they are for (a shard evaluates a view of it)
     for grp in groups:
         if grp.gpus == first:
             check_group(handle, suite, grp)
@@ -312,9 +313,8 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
     if suite is None:
         suite = Suite.of(cfg)
     groups = handle.info.get("eval_groups")
-    if groups is None or any(g.key not in suite.nodes for g in groups):  # a suite the model was not placed for
+    if groups is None or handle.info.get("eval_suite") != id(suite):  # another suite (a shard's view): its own
         groups = eval_groups(suite, placement(cfg, suite, method, check_device(cfg.get("device", "auto"))))
-    groups = [g for g in groups if g.key in suite.nodes]
     ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
     done: dict = {}  # entry -> [merged output, seconds, groups left]
@@ -329,7 +329,7 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
             ((_, out, seconds),) = list(evaluate_parallel(cfg, handle, method, run_dir, part.nodes, world,
                                                           gpus=grp.gpus))
         else:
-            if handle.info.get("eval_groups") is not None:  # placed by load_and_extend: the group's placement
+            if "eval_groups" in handle.info:  # placed by load_and_extend: the group's placement
                 reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
                 check_group(handle, suite, grp)
             ctx.entry = grp.key

@@ -56,11 +56,11 @@ bench-gpu-smoke: setup ## the same at tiny sizes on CPU (a temp file; part of th
 ifdef WHEELHOUSE
 # an offline GPU node with its own torch (docs/gpu_check_offline.md): make gpu-check WHEELHOUSE=wheelhouse PYTHON=python3
 PYTHON ?= python3
-gpu-check: ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json
+gpu-check:
 	$(PYTHON) -m pip install --no-index --no-deps --find-links $(WHEELHOUSE) $(WHEELHOUSE)/*.whl
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) scripts/gpu_check.py $(ARGS)
 else
-gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json
+gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
 	$(PY) scripts/gpu_check.py $(ARGS)
 endif
 

@@ -3,6 +3,7 @@ an emulated GPU with a process group that, like NCCL, has no backend for CPU ten
 is off every GPU while the ranks train, and the gathered weights are loaded into it and put back where it was."""
 from __future__ import annotations
 
+import gc
 import json
 import signal
 
@@ -144,10 +145,13 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
                   micro_batch=1, lr=1e-3, warmup_steps=1, ema=False, autocast="float32", save_every=0)
     cfg = OmegaConf.create({"model": {"name": "random"}, "train": {"name": "t"}})
     with virtual_node:
+        gc.collect()
+        before = [allocated(i) for i in range(virtual_node.gpus)]  # other tests' tensors may still be alive
         place(handle.model, gpu(0))
-        assert on_gpus(handle.model) == {0} and allocated(0) > 0
+        assert on_gpus(handle.model) == {0} and allocated(0) > before[0]
         info = de.launch(cfg, handle, method, a, tmp_path / "ckpt", "fp", tmp_path / "run")
-        assert seen == {"gpus": set(), "bytes": [0, 0], "emptied": 1}
+        held = seen.pop("bytes")
+        assert seen == {"gpus": set(), "emptied": 1} and all(h <= b for h, b in zip(held, before))
         assert info == {"steps": 1} and on_gpus(handle.model) == {0}
         for n, p in handle.model.named_parameters():
             torch.testing.assert_close(p.detach().to("cpu"), trained[n])

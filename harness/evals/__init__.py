@@ -215,6 +215,28 @@ def check_lengths(lengths, native_ctx: int, key: str) -> list[int]:
     return out
 
 
+def method_limit(method, native_ctx: int) -> int | None:
+    """The longest evaluation length ``method`` serves, from its settings and the native window alone (None: no
+    limit, or one that needs the loaded model)."""
+    handle = type("Handle", (), {"native_ctx": int(native_ctx)})()
+    try:
+        return method.max_length(handle)
+    except Exception:  # noqa: BLE001 - a limit that needs the loaded model: none assumed
+        return None
+
+
+def replica_gpus(ev, lengths: list, limit: int | None, shape: dict, itemsize: int, gpu_bytes) -> dict:
+    """``{L: GPUs one model replica spans}`` for every length ``ev`` runs (its ``count_prompts(lengths, limit)``:
+    ``lengths`` the suite's default lengths, ``limit`` the method's longest length) on GPUs of ``gpu_bytes`` each
+    (``harness.memory.replica_gpus``; None: no number of GPUs holds it). The one device-map rule: ``make plan``
+    (``harness.plan``) and ``run.py`` (``harness.pipeline.placement``) both call it, per evaluator and length."""
+    from harness.memory import replica_gpus as gpus
+
+    counts, _ = ev.count_prompts(list(lengths or []), limit)
+    generates = bool(getattr(ev, "generates", False))
+    return {int(L): gpus(shape, int(L), itemsize, generates, gpu_bytes) for L in counts}
+
+
 def max_length(ev) -> int:
     """The longest input (tokens) an evaluator builds: its own ``max_length()`` or the largest of its lengths."""
     if hasattr(ev, "max_length"):

@@ -25,7 +25,8 @@ def token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, dtype: str = "a
     The LM head and the log-softmax run over ``chunk`` positions at a time, so peak memory is
     O(chunk x vocab) instead of O(L x vocab). The loss is taken on the flattened ``[B*chunk, vocab]`` logits, as
     HF's own ``labels=`` loss does: ``cross_entropy`` over a transposed ``[B, vocab, chunk]`` view (class dim not
-    last) takes a strided path that costs ~3x the LM-head matmul itself (``make bench``, ``evals``)."""
+    last) takes a strided path that costs ~3x the LM-head matmul itself (``make bench``, ``evals``). On a model split
+    over GPUs by ``device_map`` the inputs go to its first GPU and the loss is taken where the LM head is."""
     dev = model_device(model)
     ids = input_ids.to(dev)
     with autocast(dev, dtype):
@@ -38,7 +39,9 @@ def token_nll(model, input_ids: torch.Tensor, chunk: int = 1024, dtype: str = "a
         with autocast(dev, dtype):
             logits = head(h[:, s:e])
         logits = logits.float()
-        nll = F.cross_entropy(logits.reshape(B * (e - s), -1), ids[:, s + 1 : e + 1].reshape(-1), reduction="none")
+        # the labels go to the logits: a model split over GPUs (device_map) returns them on its last GPU
+        labels = ids[:, s + 1 : e + 1].to(logits.device)
+        nll = F.cross_entropy(logits.reshape(B * (e - s), -1), labels.reshape(-1), reduction="none")
         out.append(nll.view(B, e - s))
     return torch.cat(out, dim=1)
 

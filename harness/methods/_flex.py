@@ -27,11 +27,13 @@ What each method's fused path computes (every one equals its reference, tested o
 - Landmark: no fused path. Its grouped softmax needs a normaliser per (query, block) pair, which neither a mask nor a
   pointwise ``score_mod`` can express; the reference stays (``auto`` picks it; an explicit ``flex`` fails clearly).
 
-Kernel policy: CUDA runs ``torch.compile(flex_attention)`` and ``create_block_mask(_compile=True)`` (block-sparse:
-empty tiles are skipped, so the local bands cost O(L x window)); CPU runs flex_attention eagerly. torch 2.13's CPU
-flex_attention has no backward ("FlexAttention does not support backward on CPU") and its compiled CPU path has no
-log-sum-exp; so when a CPU call needs gradients, the same mask function is evaluated densely here (``dense_attention``:
-the math flex's eager path performs, tested equal to it), which makes the training paths' gradients testable on CPU.
+Kernel policy: CUDA runs ``torch.compile(flex_attention)`` and ``torch.compile(create_block_mask)``, each compiled once
+per process with dynamic shapes over one module-level mask function (``band_mask``, see "the kernel" below; block-
+sparse: empty tiles are skipped, so the local bands cost O(L x window)); a decoding step (one query) is
+``row_attention``; CPU runs flex_attention eagerly. torch 2.13's CPU flex_attention has no backward ("FlexAttention
+does not support backward on CPU") and its compiled CPU path has no log-sum-exp; so when a CPU call needs gradients,
+the same mask function is evaluated densely here (``dense_attention``: the math flex's eager path performs, tested
+equal to it), which makes the training paths' gradients testable on CPU.
 Block masks are cached across the layers of one forward (same mask, same positions / padding tensors).
 """
 from __future__ import annotations
@@ -77,9 +79,11 @@ def set_backend(model, backend: str = "auto") -> None:
 
 def resolve(module, device: torch.device) -> str:
     """The backend an attention call runs: ``reference`` or ``flex`` (``auto`` resolved by the tensors' device)."""
+    from harness.device import is_accelerator
+
     b = getattr(module, "harness_attn_backend", "auto")
     if b == "auto":
-        return "flex" if device.type == "cuda" else "reference"
+        return "flex" if is_accelerator(device) else "reference"
     return b
 
 
@@ -96,32 +100,77 @@ def use_fused(module, query: torch.Tensor, method: str | None = None, reason: st
 
 
 # ---------------------------------------------------------------------------------------------------- the kernel
-_COMPILED = None
+# On a GPU, flex_attention and create_block_mask run compiled: ONE ``torch.compile`` of each per process and backend,
+# with dynamic shapes, so that prefill, decoding and prefix reuse at any length, for every method, reuse the same few
+# graphs. What keeps dynamo's guards from failing call after call: every mask is the same module-level mask function
+# (``band_mask``: its code object is the one dynamo guards on), and everything that varies between calls (positions,
+# padding, documents, the query offset, the band's bounds) is a tensor it reads, never a Python number captured in a
+# closure (a number is specialised: a new graph per value, and past ``torch._dynamo.config.recompile_limit`` (8) dynamo
+# stops compiling and every later call runs the unfused, materialising flex_attention: [B, H, L, L] scores).
+# ``tests/test_flex_compile.py`` counts the compilations and the calls that ran outside a compiled graph under
+# dynamo's own guards (backend "eager" on the CPU).
+KERNEL_BACKEND = "inductor"  # torch.compile's backend for the accelerator's kernels
+_KERNELS: dict = {}  # backend -> (compiled flex_attention, compiled create_block_mask)
 _MASKS: list = []  # [(key, tensors, BlockMask)], most recent last
+BIG = 2**62  # an unbounded band
 
 
-def _flex_fn(device: torch.device):
-    from torch.nn.attention.flex_attention import flex_attention
+def kernels(device: torch.device):
+    """``(flex_attention, create_block_mask)`` as they run on ``device``: compiled once per process (dynamic shapes)
+    on a GPU, eager on the CPU (torch's CPU flex is an unfused implementation either way: ``make bench``)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    global _COMPILED
-    if device.type != "cuda":
-        return flex_attention
-    if _COMPILED is None:
-        _COMPILED = torch.compile(flex_attention)
-    return _COMPILED
+    from harness.device import is_accelerator
+
+    if not is_accelerator(device):
+        return flex_attention, create_block_mask
+    backend = KERNEL_BACKEND
+    if backend not in _KERNELS:
+        _KERNELS[backend] = (torch.compile(flex_attention, backend=backend, dynamic=True),
+                             torch.compile(create_block_mask, backend=backend, dynamic=True))
+    return _KERNELS[backend]
+
+
+def run_kernel(fn, *args, **kwargs):
+    """The one place a flex kernel (flex_attention, create_block_mask) is called. (The test suite's virtual node,
+    ``tests/virtual_node.py``, runs it on the CPU data behind its emulated GPUs.)"""
+    return fn(*args, **kwargs)
+
+
+def band_mask(q_pos, k_pos, valid, docs, off, lo, hi):
+    """The mask of every non-training fused path: key ``ki`` is visible from query ``qi`` when it is not in the future
+    (``qi + off >= ki``), not padding (``valid [B, KV]``), in the query's document (``docs [B, KV]``, the documents of
+    the keys; the query's is ``docs[b, qi + off]``) and at a distance ``q_pos - k_pos`` in ``[lo, hi)``
+    (``q_pos [B, Lq]``, ``k_pos [B, KV]``). ``off``, ``lo``, ``hi``: 0-d tensors. One code object for every method,
+    length and offset (see the kernel notes above)."""
+
+    def mask(b, h, qi, ki):
+        d = q_pos[b, qi] - k_pos[b, ki]
+        return (qi + off >= ki) & valid[b, ki] & (docs[b, qi + off] == docs[b, ki]) & (d >= lo) & (d < hi)
+
+    return mask
+
+
+def band(q_pos, k_pos, valid, off: int, lo: int = -BIG, hi: int = BIG, docs=None):
+    """``band_mask`` and its tensors: ``(mask_mod, tensors)`` for :func:`flex` (``docs`` None: one document)."""
+    dev = valid.device
+    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()  # never an expanded (stride-0) view: one stride pattern
+    if docs is None:
+        docs = torch.zeros(valid.shape, dtype=torch.int64, device=dev)
+    scalars = tuple(torch.tensor(x, dtype=torch.int64, device=dev) for x in (off, lo, hi))
+    tensors = (q_pos, k_pos, valid, docs, *scalars)
+    return band_mask(*tensors), tensors
 
 
 def block_mask(mask_mod, key: tuple, tensors: tuple, batch: int, heads: int | None, q_len: int, kv_len: int,
                device: torch.device):
     """``create_block_mask`` with a small cache: a mask with the same ``key`` (kind, parameters) whose captured
     ``tensors`` (positions, padding) are equal is reused (the layers of one forward share it)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     full_key = (key, batch, heads, q_len, kv_len, str(device))
     for k, ts, bm in reversed(_MASKS):
         if k == full_key and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ts, tensors)):
             return bm
-    bm = create_block_mask(mask_mod, batch, heads, q_len, kv_len, device=device, _compile=device.type == "cuda")
+    bm = run_kernel(kernels(device)[1], mask_mod, batch, heads, q_len, kv_len, device=device)
     _MASKS.append((full_key, tuple(t.detach().clone() for t in tensors), bm))
     del _MASKS[:-8]
     return bm
@@ -148,20 +197,47 @@ def dense_attention(q, k, v, mask_mod, scale: float):
     return torch.matmul(p, vv), lse
 
 
+def row_attention(q, k, v, mask_mod, scale: float):
+    """Attention of one query row per head (decoding, Lq = 1) with a mask function, without flex: scores [B, H, 1, KV]
+    in the inputs' dtype (GQA by grouping the query heads, no copy of the keys), softmax in float32 -> (out [B, H, 1,
+    D] float32, lse [B, H, 1]). O(KV) memory, as a decoding kernel; no block mask to build per step and no
+    query-length-1 graph for dynamo to specialise."""
+    b, h, lq, d = q.shape
+    n_kv, kv = k.shape[1], k.shape[2]
+    g = h // n_kv
+    dev = q.device
+    idx = (torch.arange(b, device=dev)[:, None, None, None], torch.arange(h, device=dev)[None, :, None, None],
+           torch.arange(lq, device=dev)[None, None, :, None], torch.arange(kv, device=dev)[None, None, None, :])
+    m = mask_mod(*idx).expand(b, h, lq, kv)
+    s = torch.matmul(q.reshape(b, n_kv, g * lq, d), k.transpose(-1, -2)).float().view(b, h, lq, kv) * scale
+    seen = m.any(-1)
+    lse = torch.logsumexp(torch.where(m, s, torch.where(seen[..., None], bw.NEG_INF, 0.0)), dim=-1)
+    lse = torch.where(seen, lse, torch.full_like(lse, bw.NEG_INF))
+    p = torch.exp(s - torch.where(seen, lse, 0.0)[..., None]) * m
+    out = torch.matmul(p.view(b, n_kv, g * lq, kv).to(v.dtype), v).float().view(b, h, lq, d)
+    return out, lse
+
+
 def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: bool = False, lse: bool = False):
     """One flex_attention call: q [B, H, Lq, D], k/v [B, H_kv, KV, D] (GQA not expanded) -> out [B, H, Lq, D]
     (float32 when ``lse``, else q's dtype) and, with ``lse``, the log-sum-exp [B, H, Lq] (float32, natural log).
-    ``mask_mod(b, h, q_idx, kv_idx)`` indexes the captured ``tensors``; ``heads``: the mask depends on the head."""
+    ``mask_mod(b, h, q_idx, kv_idx)`` indexes the captured ``tensors``; ``heads``: the mask depends on the head.
+    A decoding step (one query) is :func:`row_attention`."""
     b, h, lq, _ = q.shape
     kv = k.shape[2]
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if q.device.type == "cpu" and grad:
         out, l_ = dense_attention(q, k, v, mask_mod, scale)
+        return (out, l_) if lse else out.to(q.dtype)
+    if lq == 1 and not grad:
+        out, l_ = row_attention(q, k, v, mask_mod, scale)
         return (out, l_) if lse else out.to(q.dtype)
     from torch.nn.attention.flex_attention import AuxRequest
 
     bm = block_mask(mask_mod, key, tensors, b, h if heads else None, lq, kv, q.device)
-    res = _flex_fn(q.device)(q, k, v, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != h,
-                             return_aux=AuxRequest(lse=True) if lse else None)
+    # a contiguous query (a projection's transposed view, or a re-rotated copy): one stride pattern for dynamo
+    res = run_kernel(kernels(q.device)[0], q.contiguous(), k, v, block_mask=bm, scale=scale,
+                     enable_gqa=k.shape[1] != h, return_aux=AuxRequest(lse=True) if lse else None)
     if lse:
         out, aux = res
         return out.float(), aux.lse.float()
@@ -199,20 +275,14 @@ def self_extend(module, query, key, value, attention_mask, scale: float, positio
     """Self-Extend (neighbour band + grouped positions, one softmax) as two flex calls merged by log-sum-exp."""
     q_pos, k_pos, valid, off = _context(query, key, attention_mask, position_ids)
     inv = module.harness_inv_freq
-    tensors = (q_pos, k_pos, valid)
-
-    def near(b, h, qi, ki):
-        return (qi + off >= ki) & valid[b, ki] & (q_pos[b, qi] - k_pos[b, ki] < window)
-
-    def far(b, h, qi, ki):
-        return (qi + off >= ki) & valid[b, ki] & (q_pos[b, qi] - k_pos[b, ki] >= window)
-
+    near, tensors = band(q_pos, k_pos, valid, off, hi=window)
     parts = [flex(query, key, value, near, ("se_near", window, off), tensors, scale, lse=True)]
     if key.shape[2] and bool((q_pos.max() - k_pos.min()) >= window):
         qg_pos = torch.div(q_pos, group, rounding_mode="floor") + shift
         kg_pos = torch.div(k_pos, group, rounding_mode="floor")
         q_grp = bw.rotate(query.float(), qg_pos - q_pos, inv).to(query.dtype)
         k_grp = bw.rotate(key.float(), kg_pos - k_pos, inv).to(key.dtype)
+        far, tensors = band(q_pos, k_pos, valid, off, lo=window)
         parts.append(flex(q_grp, k_grp, value, far, ("se_far", window, off), tensors, scale, lse=True))
     return _result(merge(parts), query)
 
@@ -227,10 +297,8 @@ def lm_infinite(module, query, key, value, attention_mask, scale: float, positio
     b, h, lq, d = query.shape
     n_kv, kv = key.shape[1], key.shape[2]
 
-    def local(bi, hi, qi, ki):
-        return (qi + off >= ki) & valid[bi, ki] & (q_pos[bi, qi] - k_pos[bi, ki] < n_local)
-
-    parts = [flex(query, key, value, local, ("lmi_local", n_local, off), (q_pos, k_pos, valid), scale, lse=True)]
+    local, tensors = band(q_pos, k_pos, valid, off, hi=n_local)
+    parts = [flex(query, key, value, local, ("lmi_local", n_local, off), tensors, scale, lse=True)]
     rank = valid.long().cumsum(-1) - 1
     is_global = valid & (rank < n_global)
     g_end = int(is_global.nonzero()[:, 1].max()) + 1 if bool(is_global.any()) else 0
@@ -312,20 +380,15 @@ def causal_attention(module, query, key, value, attention_mask, scaling=None, dr
         return out.transpose(1, 2).contiguous(), None
     valid = bw.key_valid(attention_mask, b, kv, query.device)
     off = kv - lq
-    if docs is None:
-        def mask(bi, hi, qi, ki):
-            return (qi + off >= ki) & valid[bi, ki]
-
-        return _result(flex(query, key, value, mask, ("causal", off), (valid,), scale), query)
-
-    def doc_mask(bi, hi, qi, ki):
-        return (qi >= ki) & valid[bi, ki] & (docs[bi, qi] == docs[bi, ki])
-
-    return _result(flex(query, key, value, doc_mask, ("docs",), (valid, docs), scale), query)
+    q_pos = torch.zeros(b, lq, dtype=torch.int64, device=query.device)
+    k_pos = torch.zeros(b, kv, dtype=torch.int64, device=query.device)
+    mask, tensors = band(q_pos, k_pos, valid, off, docs=docs)
+    return _result(flex(query, key, value, mask, ("causal", off, docs is not None), tensors, scale), query)
 
 
 bw.register_attention(CAUSAL_NAME, causal_attention)
 
 
-__all__ = ["AttentionArgs", "BACKENDS", "CAUSAL_NAME", "block_mask", "causal_attention", "dense_attention",
-           "document_ids", "flex", "lm_infinite", "merge", "resolve", "s2", "self_extend", "set_backend", "use_fused"]
+__all__ = ["AttentionArgs", "BACKENDS", "CAUSAL_NAME", "band", "band_mask", "block_mask", "causal_attention",
+           "dense_attention", "document_ids", "flex", "kernels", "lm_infinite", "merge", "resolve", "row_attention",
+           "run_kernel", "s2", "self_extend", "set_backend", "use_fused"]

@@ -125,17 +125,13 @@ def dca_flex(module, query, key, value, attention_mask, scale: float, position_i
     L = chunk_size - local_window
     inv = module.harness_inv_freq
     qc, kc = torch.div(q_pos, L, rounding_mode="floor"), torch.div(k_pos, L, rounding_mode="floor")
-    tensors = (qc, kc, valid)
     k_c = bw.rotate(key.float(), k_pos % L - k_pos, inv).to(key.dtype)
     p_intra, p_succ, p_inter = query_positions(q_pos, chunk_size, local_window)
     far = int(qc.max() - kc.min()) if key.shape[2] else 0
 
     def part(kind: str, lo: int, hi: int | None, q_at):
-        def mask(b, h, qi, ki):
-            diff = qc[b, qi] - kc[b, ki]
-            ok = (qi + off >= ki) & valid[b, ki] & (diff >= lo)
-            return ok & (diff <= hi) if hi is not None else ok
-
+        # the chunk difference qc - kc in [lo, hi]: the shared band mask over chunk indices (one compiled kernel)
+        mask, tensors = fx.band(qc, kc, valid, off, lo=lo, hi=fx.BIG if hi is None else hi + 1)
         q = bw.rotate(query.float(), q_at - q_pos, inv).to(query.dtype)
         return fx.flex(q, k_c, value, mask, (kind, L, off), tensors, scale, lse=True)
 

@@ -164,6 +164,10 @@ class LengthDependentRope:
         if n == self.last:
             return
         inv, att = self.state(n, module.inv_freq.device)
+        if any(module.inv_freq is getattr(module, a, None) for a in ("original_inv_freq", "long_inv_freq")):
+            # transformers 5.17's longrope update registers its stored short / long frequencies as the buffer
+            # itself: writing into it would overwrite them (5.23 copies into a buffer of its own)
+            module.inv_freq = module.inv_freq.clone()
         module.inv_freq.copy_(inv.to(module.inv_freq.dtype))
         module.attention_scaling = att
         self.last = n

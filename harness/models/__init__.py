@@ -122,11 +122,17 @@ def place(model, device, device_map=None):
         return model.to(device)
     from accelerate import dispatch_model
 
+    from harness.device import accelerator
+
     if not isinstance(device_map, dict):
         first = torch.device(device).index or 0
         g = torch.cuda.device_count() - first if device_map == "auto" else int(device_map)
         device_map = split_map(model, {i: int(0.9 * torch.cuda.mem_get_info(i)[0]) for i in range(first, first + g)})
-    return dispatch_model(model, device_map=device_map)
+    # accelerate's integers are GPU indices: handed over as the GPU devices they mean; the model keeps the map
+    model = dispatch_model(model, device_map={k: accelerator(v) if isinstance(v, int) else v
+                                              for k, v in device_map.items()})
+    model.hf_device_map = dict(device_map)
+    return model
 
 
 def split_map(model, max_memory: dict) -> dict:
@@ -138,6 +144,54 @@ def split_map(model, max_memory: dict) -> dict:
     no_split = getattr(model, "_no_split_modules", None) or []
     balanced = get_balanced_memory(model, max_memory=dict(max_memory), no_split_module_classes=no_split)
     return infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split)
+
+
+def unplace(model):
+    """Take a model spread by accelerate off its GPUs' hooks (its map dropped); the model, still where it was."""
+    if getattr(model, "hf_device_map", None):
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(model, recurse=True)
+        del model.hf_device_map
+    return model
+
+
+def release(handle) -> dict | None:
+    """Move ``handle.model`` off the GPUs (accelerate's hooks off, weights to the host, the CUDA cache emptied), for
+    processes that need the GPUs' memory (training ranks, evaluation ranks); returns where it was (for
+    :func:`restore`), or None when it was not on a GPU."""
+    from harness.device import is_accelerator
+
+    try:
+        p = next(handle.model.parameters())
+    except (StopIteration, AttributeError):
+        return None
+    if not (is_accelerator(p.device) or handle.info.get("device_map")):
+        return None
+    where = {"device": p.device, "gpus": gpus_of(handle)}
+    handle.model = unplace(handle.model).to("cpu")
+    torch.cuda.empty_cache()
+    return where
+
+
+def restore(handle, where: dict | None) -> None:
+    """Put ``handle.model`` back where :func:`release` took it from."""
+    if where is not None:
+        reposition(handle, where["device"], where["gpus"])
+
+
+def reposition(handle, device, gpus: int) -> None:
+    """Place ``handle.model`` over ``gpus`` GPUs from ``device`` on (1: on ``device``) unless it is already so placed:
+    the placement of one evaluator and length (``harness.pipeline.placement``). ``handle.info`` follows."""
+    gpus = max(1, int(gpus))
+    split = bool(getattr(handle.model, "hf_device_map", None))
+    here = next(handle.model.parameters()).device
+    if (split and gpus_of(handle) == gpus) or (not split and gpus == 1 and here == torch.device(device)):
+        return
+    handle.model = place(unplace(handle.model), device, gpus if gpus > 1 else None)
+    dm = getattr(handle.model, "hf_device_map", None)
+    handle.info["device"] = str(device if dm is None else next(handle.model.parameters()).device)
+    handle.info["device_map"] = {str(k): str(v) for k, v in dm.items()} if dm else None
 
 
 def gpus_of(handle) -> int:
@@ -156,34 +210,46 @@ def check_device(spec, key: str = "device") -> torch.device:
         raise ConfigError(str(e).replace("device:", f"{key}:", 1)) from None
 
 
-def choose_device_map(cfg_model, device: torch.device, length: int, generates: bool):
-    """How many GPUs one replica of the model needs (an integer g > 1, for :func:`place`) when ``device`` is a GPU,
-    more than one GPU is visible and the model plus its longest evaluation input (``harness.memory.eval_memory`` of
-    the checkpoint's config, in the model's weights dtype: weights + KV cache + prefill activations) need more than
-    ``device``'s free memory; else None (one device). g is ``harness.memory.gpus_needed`` (the prefill's activations
-    are not split), capped at the GPUs visible from ``device`` on (``check_fits`` then refuses what still cannot
-    fit)."""
-    if device.type != "cuda" or torch.cuda.device_count() < 2:
-        return None
+def checkpoint_shape(cfg_model) -> tuple[dict, int]:
+    """The shape (``harness.memory.shape_of``) of the checkpoint a ``model`` config names, read from its config
+    alone (nothing loaded), and its weights' bytes per value."""
     from transformers import AutoConfig
 
-    from harness.memory import eval_memory, gpus_needed, shape_of
+    from harness.memory import shape_of
 
     name = cfg_model.get("name")
     cls, args = MODELS.args(cfg_model, f"model={name}", name=cfg_model.get("builder") or name)
     path, gguf = cls.source(args) if hasattr(cls, "source") else (args.path, args.gguf_file)
     kw = {"gguf_file": gguf} if gguf else {"local_files_only": os.environ.get("HF_HUB_OFFLINE", "1") == "1"}
-    config = AutoConfig.from_pretrained(path, **kw)
-    itemsize = DTYPES[args.dtype].itemsize
-    need = eval_memory(shape_of(config), int(length), itemsize=itemsize, generates=generates)
-    free = available_memory(device)
-    if free is None or need["total"] <= free:
+    return shape_of(AutoConfig.from_pretrained(path, **kw)), DTYPES[args.dtype].itemsize
+
+
+def visible_gpus(device: torch.device) -> int:
+    """The GPUs a replica whose first GPU is ``device`` may span (``device`` and the ones after it); 0 off a GPU."""
+    from harness.device import is_accelerator
+
+    if not is_accelerator(device):
+        return 0
+    return max(0, torch.cuda.device_count() - (device.index or 0))
+
+
+def choose_device_map(cfg_model, device: torch.device, length: int, generates: bool):
+    """How many GPUs one replica of the model needs (an integer g > 1, for :func:`place`) for one evaluation input of
+    ``length`` tokens when ``device`` is a GPU and more than one is visible from it: ``harness.memory.replica_gpus``
+    of the checkpoint's shape with ``device``'s free memory (the rule the plan uses, per evaluator and length:
+    ``harness.evals.replica_gpus``), capped at the GPUs visible from ``device`` on (``check_fits`` then refuses what
+    still cannot fit); else None (one device)."""
+    from harness.memory import replica_gpus
+
+    visible = visible_gpus(device)
+    if visible < 2:
         return None
-    try:
-        g = gpus_needed(need["total"], free, transient=need["prefill"])
-    except ValueError:  # one layer's activations alone exceed a GPU: check_fits says so in one line
-        g = torch.cuda.device_count()
-    g = min(g, torch.cuda.device_count() - (device.index or 0))
+    free = available_memory(device)
+    if free is None:
+        return None
+    shape, itemsize = checkpoint_shape(cfg_model)
+    g = replica_gpus(shape, int(length), itemsize, generates, free)
+    g = visible if g is None else min(g, visible)
     return g if g > 1 else None
 
 
@@ -217,8 +283,10 @@ def hf_config(cfg_model):
 def available_memory(device: torch.device) -> int | None:
     """Free bytes where the model's tensors live: the GPU's free memory, or the host's MemAvailable (None if
     unknown)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+    from harness.device import is_accelerator
+
+    if is_accelerator(device):
+        return int(torch.cuda.mem_get_info(device.index or 0)[0])
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemAvailable:"):
@@ -240,14 +308,16 @@ def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
 def model_devices(model) -> list[torch.device]:
     """The devices the model's weights are on: every device of ``model.hf_device_map`` (a model spread by
     ``device_map``; integers are CUDA indices), else the device of its first parameter."""
+    from harness.device import accelerator, is_accelerator
+
     dm = getattr(model, "hf_device_map", None) or {}
     out: list[torch.device] = []
     for d in dm.values():
         if d == "disk":
             continue
-        dev = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", 0)
+        dev = accelerator(d) if isinstance(d, int) else torch.device(d)
+        if is_accelerator(dev) and dev.index is None:
+            dev = accelerator(0)
         if dev not in out:
             out.append(dev)
     return out or [next(model.parameters()).device]

@@ -140,9 +140,9 @@ def bf16_enabled(a: TrainArgs, on_gpu: bool = False) -> bool:
     if a.autocast == "bfloat16":
         return True
     if a.autocast == "auto":
-        from harness.device import resolve_dtype
+        from harness.device import accelerator, resolve_dtype
 
-        return resolve_dtype("auto", torch.device("cuda") if on_gpu else None) == "bfloat16"
+        return resolve_dtype("auto", accelerator(0) if on_gpu else None) == "bfloat16"
     return False
 
 
@@ -400,10 +400,18 @@ def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, 
     job = Path(run_dir) / "train_job"
     spec = write_spec(OmegaConf.to_container(cfg, resolve=True), ckpt_dir, fingerprint, job)
     prebuild_optimizer_op(a, torch.cuda.is_available())
-    rc = train_job(spec, a.world_size)
-    if rc != 0:
-        raise RuntimeError(f"distributed training failed (torchrun exit code {rc}); job spec {spec}")
-    return load_final(handle, method, job)
+    from harness.models import release, restore
+
+    # the parent's copy leaves the GPUs while the ranks train (rank 0 shares GPU 0 with it), the CUDA cache emptied;
+    # the gathered weights are loaded into it on the host, and it goes back where it was
+    where = release(handle)
+    try:
+        rc = train_job(spec, a.world_size)
+        if rc != 0:
+            raise RuntimeError(f"distributed training failed (torchrun exit code {rc}); job spec {spec}")
+        return load_final(handle, method, job)
+    finally:
+        restore(handle, where)
 
 
 # ----------------------------------------------------------------------------------------------- rank side
@@ -621,7 +629,9 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
 
     tokens_per_step = a.global_batch * a.seq_len
     backward = lambda loss: engine.backward(loss, scale_wrt_gas=False)  # noqa: E731  (micro_step scales)
-    dev = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    from harness.device import accelerator
+
+    dev = accelerator() if on_gpu else torch.device("cpu")  # the rank's GPU: where every collective's tensor lives
     t0 = time.time()
     for step in range(start, total):
         micro = []

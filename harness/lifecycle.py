@@ -326,6 +326,7 @@ def run_guarded(main, argv: list[str], on_config_error=None) -> None:
     does not compose or resolve goes to ``on_config_error(e)`` (``harness.precheck.refuse``: the line names the
     override and its valid choices) when given."""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra re-raises instead of printing a trimmed stack trace
+    before = len(STARTED)  # runs this call starts (a library caller may have started others in this process)
     try:
         main()
     except RunFailed as e:
@@ -333,10 +334,11 @@ def run_guarded(main, argv: list[str], on_config_error=None) -> None:
         sys.exit(1)
     except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001
         line = one_line(e, lines=2)
-        running = [r for r in STARTED if r.row.get("status") == "running"]
-        if running:  # a row this process started and did not finish
+        mine = STARTED[before:]
+        running = [r for r in mine if r.row.get("status") == "running"]
+        if running:  # a row this call started and did not finish
             problem = running[-1].finish(e)
-        elif not STARTED and _before_any_job(e, argv):  # Hydra failed before the run began
+        elif not mine and _before_any_job(e, argv):  # Hydra failed before the run began
             if on_config_error is not None and not _multirun(argv) and isinstance(e, Exception):
                 on_config_error(e)  # exits when it is a config error
             problem = fail_before_compose(_results_dir(argv), line)

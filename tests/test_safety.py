@@ -3,6 +3,7 @@ everything, non-finite numbers are failures, reading a results folder is bounded
 the result."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -181,11 +182,16 @@ def test_a_value_no_script_line_can_carry_is_refused_at_render_time(tmp_path, ca
 
 
 # ------------------------------------------------------------------------------------------ 3. non-finite = failure
+@dataclasses.dataclass
+class _NoSettings:
+    """A stub evaluator's typed settings: none."""
+
+
 class _Stub:
     """An evaluator that returns (or raises) what it is given."""
 
     version = 1
-    args = None  # no settings (a real evaluator has its typed Args)
+    args = _NoSettings()
 
     def __init__(self, out):
         self.out = out

@@ -44,7 +44,10 @@ def _copy_results(tmp: Path) -> Path:
     res = tmp / "results"
     shutil.copytree(ROOT / "results", res, ignore=shutil.ignore_patterns("archive", "runs", "tables", "figures",
                                                                          "findings.md", "export"))
-    shutil.copytree(ROOT / "results" / STUDY, res / STUDY, dirs_exist_ok=True)
+    from harness.results import studies
+
+    for name in studies(ROOT / "results"):  # every committed study (the index lists them all)
+        shutil.copytree(ROOT / "results" / name, res / name, dirs_exist_ok=True)
     return res
 
 

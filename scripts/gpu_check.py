@@ -1,10 +1,11 @@
-"""`make gpu-check`: the first hour on a GPU as one command, within one time budget (default 8 minutes on one
-H100/H200) -> results/gpu_check.json. Needs no download: an offline node with its own torch runs it after installing
+"""`make gpu-check`: the first hour on a GPU as one command, within one time budget (default: the parts' expected
+seconds x 1.25, about 11 minutes on one H200 for every method) -> results/gpu_check.json. Needs no download: an offline node with its own torch runs it after installing
 the folder ``make wheelhouse`` builds (docs/gpu_check_offline.md).
 
     python scripts/gpu_check.py                       # CUDA required (else one line, exit 2)
     python scripts/gpu_check.py --methods base,yarn   # a subset of the registered methods
-    python scripts/gpu_check.py --budget 900          # seconds for everything (default 480)
+    python scripts/gpu_check.py --budget 900          # seconds for everything (default printed at the start)
+    python scripts/gpu_check.py --jobs 2              # method processes at a time on the GPU (default 4)
     python scripts/gpu_check.py --smoke               # the same code on CPU: tiny_llama, tiny lengths, a temp dir
 
 Every check is a subprocess that runs ``run.py`` itself (no separate model code), with rows, logs and run
@@ -19,7 +20,8 @@ checkpoints and the hub folder):
    installed (``harness/models/smollm2_135m.py``). The same subprocess reports the device, the package versions and
    the registered methods.
 2. ``methods``: ``run.py method=<m> train=none eval=gpu_check`` for every registered method, each in its own process
-   (its own dynamo cache: a method never inherits another's compiled kernels or their limit) --
+   (its own dynamo cache: a method never inherits another's compiled kernels or their limit), ``--jobs`` of them at
+   a time on the GPU (a process spends most of its ~30-50 s starting Python, Hydra and the model) --
    ``conf/eval/gpu_check.yaml``: passkey at 2C and 4C (8k and 16k tokens by default): prefill + greedy decoding
    through the KV cache, two prompts per length. LongRoPE / LongRoPE2 with ``method.factors`` = the shipped
    tiny_llama factors restated for the model's window (their default file is for tiny_llama's C = 512 only).
@@ -28,10 +30,14 @@ checkpoints and the hub folder):
 4. ``data_parallel``: with more than one visible GPU (or ``--dp N``), ``run.py method=base eval_world_size=N``.
 5. ``bench_gpu``: ``benchmarks/bench_gpu.py`` (``make bench-gpu``; its own results/bench_gpu.json).
 
-The time budget. ``--budget`` seconds are divided among the parts in proportion to ``SHARES`` (one share per method);
-a part may also use what the parts before it left unused, never more than what remains; a part past its time is
-killed (its process group) and recorded as ``timeout`` with its limit, and parts the budget no longer reaches are
-recorded as ``skipped: budget spent``. Nothing waits beyond the budget (plus a part's start-up).
+The time budget. Each part has its expected seconds on one GPU (``EXPECTED_S``, measured on an H200 where it says
+so); the methods, ``--jobs`` at a time, count as one part. The default ``--budget`` is their sum x ``SLACK``, and the
+budget is divided among the parts in proportion to them; a part may also use what the parts before it left unused,
+never more than what remains. The methods share one deadline (no method is cut at a fraction of the part: the first
+run gave each of 22 methods 14 s against ~30-50 s needed, and all 22 were killed); a process past the deadline is
+killed (its process group) and recorded as ``timeout`` with its limit, and one the deadline leaves no time to start,
+like a part the budget no longer reaches, as ``skipped: budget spent``. Nothing waits beyond the budget (plus a
+part's start-up).
 
 Per method the summary holds the row's status (pass = an ``ok`` row with passkey measured at both lengths), the
 job's seconds (model load + method + both lengths) and its peak memory: ``torch.cuda.max_memory_allocated`` over all
@@ -57,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -67,10 +74,15 @@ LONGROPE = ("longrope", "longrope2")  # need a factors file for the model's wind
 FACTORS_SOURCE = ROOT / "harness" / "assets" / "longrope" / "tiny_llama_512_4096.json"
 HUB_MARKER = "gpu_check_hub.json"  # written last into a complete hub folder
 
-# The budget's shares (module docstring, "The time budget"): guesses until a first GPU run; a part past its time is
-# killed and reported as a timeout, never hangs.
-SHARES = {"hub": 2, "method": 1, "train": 4, "data_parallel": 3, "bench_gpu": 4}
-BUDGET_S, SMOKE_BUDGET_S = 480, 3600
+# Seconds each part takes on one GPU (module docstring, "The time budget"), from the first run on an NVIDIA H200
+# (torch 2.11.0+cu130, transformers 5.17.0, 2026-11-28, docs/gpu_check_offline.md): the hub folder 10.8-13.2 s (4
+# runs); one method's run.py process 29.2-48.2 s (5 methods: base, yarn, ntk_dynamic, lm_infinite, self_extend; the
+# compiled-flex ones the slowest); the DeepSpeed steps 54.7 s. Not measured: data_parallel (no second GPU) and
+# bench_gpu (still running when killed at 94 s): guesses. The parts' shares of the budget are these seconds.
+EXPECTED_S = {"hub": 13, "method": 40, "train": 60, "data_parallel": 60, "bench_gpu": 180}
+SLACK = 1.25  # the default budget: the expected seconds of what runs, times this
+SMOKE_BUDGET_S = 3600
+GPU_JOBS = 4  # method processes at a time on one GPU (each peaked at 3.1-3.6 GiB allocated, <= 5.5 GiB per nvidia-smi)
 GEOMETRY = "llama2_geometry"  # the default model: LLaMA-2-7B's layers, random weights, made on the node
 LLAMA2_LAYER = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008,
                     rope_theta=10000.0, native_ctx=4096)  # meta-llama/Llama-2-7b-hf config.json
@@ -117,7 +129,9 @@ class PeakMemory(_HydraCallback):
         import torch
 
         self._t0 = time.time()
-        if torch.cuda.is_available():
+        # before CUDA's first use there is no peak to reset, and torch 2.11 raises "Invalid device argument" (seen
+        # in every run.py process of the first H200 run, a warning from Hydra's callback wrapper)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             for i in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(i)
 
@@ -219,10 +233,10 @@ class MemorySampler(threading.Thread):
 
     def __init__(self, every: float = 0.5):
         super().__init__(daemon=True)
-        self.every, self.peak, self._stop = every, None, threading.Event()
+        self.every, self.peak, self._halt = every, None, threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                                      capture_output=True, text=True, timeout=10).stdout
@@ -231,10 +245,10 @@ class MemorySampler(threading.Thread):
                     self.peak = used if self.peak is None else [max(a, b) for a, b in zip(self.peak, used)]
             except (OSError, subprocess.SubprocessError, ValueError):
                 pass
-            self._stop.wait(self.every)
+            self._halt.wait(self.every)
 
     def stop(self) -> list | None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=15)
         return self.peak
 
@@ -282,6 +296,34 @@ def run_check(name: str, cmd: list[str], env: dict, timeout: int, logs: Path, sa
     else:
         rec["status"] = "ok"
     return rec
+
+
+def expected_seconds(n_methods: int, jobs: int, skip: set) -> dict:
+    """The parts' expected seconds (``EXPECTED_S``; the methods ``jobs`` at a time), which are also their shares of
+    the budget."""
+    out = {"hub": EXPECTED_S["hub"]}
+    if "methods" not in skip:
+        out["methods"] = EXPECTED_S["method"] * -(-n_methods // jobs)
+    out.update({k: EXPECTED_S[k] for k in ("train", "data_parallel", "bench_gpu") if k not in skip})
+    return out
+
+
+def run_pool(commands: dict, env: dict, limit: int, jobs: int, logs: Path, sample: bool) -> dict:
+    """The methods' processes, ``jobs`` at a time, under one deadline ``limit`` s from now: each runs until it ends or
+    the deadline passes (then killed: ``timeout``); one the deadline leaves no time to start is ``skipped``. A line
+    per finished process. Returns ``{name: record}`` in the order of ``commands``."""
+    deadline = time.time() + limit
+    lock = threading.Lock()
+
+    def one(name: str) -> dict:
+        rec = run_check(f"method_{name}", commands[name], env, int(deadline - time.time()), logs, sample)
+        with lock:
+            print(f"  method {name}: {rec['status']} {rec.get('seconds', 0)} s", flush=True)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {n: pool.submit(one, n) for n in commands}
+        return {n: f.result() for n, f in futures.items()}
 
 
 def rows_in(results_dir: Path) -> list[dict]:
@@ -335,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   "weights, LLaMA-2-7B layers; smollm2_135m when its GGUF is "
                                                   "installed; smoke tiny_llama)")
     ap.add_argument("--layers", type=int, default=2, help=f"layers of {GEOMETRY} (default 2)")
-    ap.add_argument("--budget", type=float, default=None, help=f"seconds for the whole check (default {BUDGET_S}; "
-                                                               f"smoke {SMOKE_BUDGET_S})")
+    ap.add_argument("--budget", type=float, default=None, help=f"seconds for the whole check (default: the expected "
+                    f"seconds of what runs x {SLACK}, printed at the start; smoke {SMOKE_BUDGET_S})")
+    ap.add_argument("--jobs", type=int, default=0, help=f"method processes at a time (default {GPU_JOBS} on a GPU, "
+                                                        "2 in smoke)")
     ap.add_argument("--train-steps", type=int, default=None, help="DeepSpeed steps (default 4; smoke 2)")
     ap.add_argument("--dp", type=int, default=0, help="data-parallel ranks (default: the visible GPUs if > 1)")
     ap.add_argument("--skip", default="", help="comma list of checks to skip: methods,train,data_parallel,bench_gpu")
@@ -399,11 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s for s in a.skip.split(",") if s}
     names = a.methods.split(",") if a.methods else None
     n_methods = len(names) if names else len(list((ROOT / "conf" / "method").glob("*.yaml")))
-    shares = {"hub": SHARES["hub"], **({} if "methods" in skip else {f"method {i}": SHARES["method"]
-                                                                     for i in range(n_methods)}),
-              **{k: SHARES[k] for k in ("train", "data_parallel", "bench_gpu") if k not in skip}}
-    budget = Budget(a.budget or (SMOKE_BUDGET_S if a.smoke else BUDGET_S), shares)
-    summary["budget_s"] = budget.total
+    jobs = max(1, a.jobs or (2 if a.smoke else GPU_JOBS))
+    shares = expected_seconds(n_methods, jobs, skip)
+    budget = Budget(a.budget or (SMOKE_BUDGET_S if a.smoke else round(SLACK * sum(shares.values()))), shares)
+    summary["budget_s"], summary["jobs"] = budget.total, jobs
+    print(f"gpu_check: budget {budget.total:.0f} s (expected: " + ", ".join(f"{k} {v:.0f} s" for k, v in shares.items())
+          + f"; {n_methods} methods, {jobs} at a time)", flush=True)
 
     def timed(part: str, name: str, cmd: list[str], env_: dict) -> dict:
         rec = run_check(name, cmd, env_, budget.limit(part), logs, sample)
@@ -454,7 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         peaks_file = work / "peaks_methods.jsonl"
         menv = dict(env, HARNESS_RESULTS_DIR=str(results_dir["methods"]), **{PEAKS_ENV: str(peaks_file)})
         summary["checks"]["methods"] = {}
-        for i, n in enumerate(names):
+        if jobs > 1 and "OMP_NUM_THREADS" not in menv:  # the processes share the CPU cores
+            menv["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+        commands = {}
+        for n in names:
             extra = []
             if n in LONGROPE:  # LongRoPE: the shipped factors restated for this window
                 fac = json.loads(FACTORS_SOURCE.read_text())
@@ -462,9 +510,11 @@ def main(argv: list[str] | None = None) -> int:
                 fpath = work / f"longrope_factors_{C}.json"
                 fpath.write_text(json.dumps(fac, indent=1))
                 extra = [f"method.factors={fpath}"]
-            cmd = [py, "run.py", f"method={n}", *base, "train=none", "eval=gpu_check", *extra, *peaks_cb]
-            summary["checks"]["methods"][n] = timed(f"method {i % n_methods}", f"method_{n}", cmd, menv)
-            save()
+            commands[n] = [py, "run.py", f"method={n}", *base, "train=none", "eval=gpu_check", *extra, *peaks_cb]
+        t_methods = time.time()
+        summary["checks"]["methods"] = run_pool(commands, menv, budget.limit("methods"), jobs, logs, sample)
+        budget.spent("methods", time.time() - t_methods)
+        save()
         peaks = [json.loads(x) for x in peaks_file.read_text().splitlines()] if peaks_file.is_file() else []
         by_method = {r["method"]: r for r in rows_in(results_dir["methods"])}
         for n in names:

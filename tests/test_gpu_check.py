@@ -134,3 +134,51 @@ def test_default_model_has_llama2_7b_layers_and_the_shipped_tokenizer():
     assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (4096, 32, 32, 11008)
     assert c.num_hidden_layers == 2 and native == 4096 and c.vocab_size == len(tok)
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_the_default_budget_is_the_expected_seconds_of_what_runs():
+    g = gpu_check()
+    e = g.expected_seconds(22, 4, set())
+    assert e["methods"] == g.EXPECTED_S["method"] * 6  # 22 methods, 4 at a time: 6 rounds
+    assert set(e) == {"hub", "methods", "train", "data_parallel", "bench_gpu"}
+    assert set(g.expected_seconds(3, 4, {"train", "bench_gpu"})) == {"hub", "methods", "data_parallel"}
+    assert g.expected_seconds(3, 1, set())["methods"] == 3 * g.EXPECTED_S["method"]
+
+
+def test_methods_run_jobs_at_a_time_under_one_deadline(tmp_path):
+    """Three processes that each wait for the other two to have started finish only when run three at a time; with one
+    at a time the first is killed at the deadline and the rest are never started."""
+    g = gpu_check()
+    barrier = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); (d / sys.argv[2]).touch(); t = time.time()\n"
+               "while len(list(d.iterdir())) < 3 and time.time() - t < 60: time.sleep(0.05)\n"
+               "sys.exit(0 if len(list(d.iterdir())) == 3 else 1)")
+    for jobs, name in ((3, "together"), (1, "alone")):
+        d = tmp_path / name
+        d.mkdir()
+        cmds = {n: [sys.executable, "-c", barrier, str(d), n] for n in ("a", "b", "c")}
+        (tmp_path / f"logs_{name}").mkdir()
+        recs = g.run_pool(cmds, dict(os.environ), 30 if jobs == 3 else 3, jobs, tmp_path / f"logs_{name}", False)
+        assert list(recs) == ["a", "b", "c"]
+        if jobs == 3:
+            assert all(r["status"] == "ok" for r in recs.values()), recs
+        else:
+            assert recs["a"]["status"] == "timeout" and recs["b"]["status"] == recs["c"]["status"] == "skipped"
+
+
+def test_gpu_memory_sampler_reads_nvidia_smi(tmp_path):
+    """The sampler that runs only where nvidia-smi exists (never in the smoke): a stand-in nvidia-smi on PATH that
+    prints two GPUs' memory.used; the check's record carries the peak (the first H200 run died here: the thread's
+    stop event shadowed threading.Thread._stop)."""
+    g = gpu_check()
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 1234\necho 56\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    old = os.environ["PATH"]
+    os.environ["PATH"] = env["PATH"]
+    try:
+        rec = g.run_check("sampled", [sys.executable, "-c", "import time; time.sleep(1)"], env, 30, tmp_path, True)
+    finally:
+        os.environ["PATH"] = old
+    assert rec["status"] == "ok" and rec["peak_gpu_memory_used_mib"] == [1234, 56]

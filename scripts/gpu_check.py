@@ -1,6 +1,7 @@
 """`make gpu-check`: the first hour on a GPU as one command, within one time budget (default: the parts' expected
-seconds x 1.25, about 11 minutes on one H200 for every method) -> results/gpu_check.json. Needs no download: an offline node with its own torch runs it after installing
-the folder ``make wheelhouse`` builds (docs/gpu_check_offline.md).
+seconds x 1.25, about 11.5 minutes on one H200 for every method) -> results/gpu_check.json. Needs no download: an
+offline node with its own torch runs it after installing the folder ``make wheelhouse`` builds
+(docs/gpu_check_offline.md).
 
     python scripts/gpu_check.py                       # CUDA required (else one line, exit 2)
     python scripts/gpu_check.py --methods base,yarn   # a subset of the registered methods

@@ -68,11 +68,11 @@ def _first_line(obj) -> str:
 
 def methods() -> dict[str, MethodInfo]:
     """Every registered method by name (``conf/method/<name>.yaml`` present), in name order."""
-    from harness.methods import METHODS, facts, yaml_defaults
+    from harness.methods import METHODS, yaml_defaults
 
     out = {}
     for name, cls in METHODS.items():
-        f = facts(name)
+        f = METHODS.facts(name)
         if f is not None:
             out[name] = MethodInfo(name, f, yaml_defaults(name), _first_line(cls))
     return out
@@ -83,7 +83,7 @@ def evaluators() -> dict[str, EvaluatorInfo]:
     from harness.conf_utils import find_conf, group_defaults
     from harness.evals import EVALS
 
-    return {name: EvaluatorInfo(name, str(cls.metric),
+    return {name: EvaluatorInfo(name, cls.spec.metric,
                                 group_defaults("evaluator", name) if find_conf("evaluator", name) else {},
                                 _first_line(cls))
             for name, cls in EVALS.items()}

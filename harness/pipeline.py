@@ -209,7 +209,7 @@ def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=N
                 check_group(handle, suite, grp)
     else:
         for key, ev in zip(suite.nodes, suite.evaluators):
-            check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
+            check_fits(handle, eval_max_length(ev), generates=ev.spec.generates,
                        key=f"eval.suite.{key}")
     path = handle.info.get("path", "")
     if os.path.isdir(path):
@@ -287,7 +287,7 @@ def eval_groups(suite: Suite, place: dict) -> list[EvalGroup]:
     out = []
     for key, ev in zip(suite.nodes, suite.evaluators):
         at = place.get(key) or {}
-        if getattr(ev, "by_length", False) and len(set(at.values())) > 1:
+        if ev.spec.splits(ev.args) and len(set(at.values())) > 1:
             for g in sorted(set(at.values())):
                 out.append(EvalGroup(key, tuple(L for L in at if at[L] == g), g))
         else:
@@ -303,7 +303,7 @@ def group_suite(suite: Suite, grp: EvalGroup) -> Suite:
 def check_group(handle, suite: Suite, grp: EvalGroup) -> None:
     """``check_fits`` of the group's longest input on the model as it is placed."""
     ev = group_suite(suite, grp).evaluators[0]
-    check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False), key=f"eval.suite.{grp.key}")
+    check_fits(handle, eval_max_length(ev), generates=ev.spec.generates, key=f"eval.suite.{grp.key}")
 
 
 def merge_outputs(a, b):
@@ -456,8 +456,8 @@ def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
 
 
 def eval_version(ev) -> int:
-    """An evaluator's ``version`` class attribute (1 when it has none: files written before versions existed)."""
-    return int(getattr(ev, "version", 1))
+    """The version an evaluator declares (``spec.version``)."""
+    return int(ev.spec.version)
 
 
 def evaluate(cfg, handle, method, run, suite: Suite | None = None, on_result=None, progress=None) -> None:

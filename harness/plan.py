@@ -202,7 +202,7 @@ def checkpoint_space(s: Shape, p_t: int, steps: int, save_every: int, ema: bool,
 def gen_tokens_per_prompt(ev) -> tuple[float, str]:
     """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from:
     its own ``gen_tokens_per_prompt()`` (harness.evals), else the first budget its ``Args`` set."""
-    if not getattr(ev, "generates", False):
+    if not ev.spec.generates:
         return 0, "no decoding"
     if hasattr(ev, "gen_tokens_per_prompt"):
         return ev.gen_tokens_per_prompt()
@@ -248,7 +248,7 @@ def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = 
         name = (node or {}).get("name") or key
         prompts, basis = ev.count_prompts(lengths, limit)  # the evaluator's own cost model (harness.evals)
         gen, gen_basis = gen_tokens_per_prompt(ev)
-        generates = bool(getattr(ev, "generates", False))
+        generates = ev.spec.generates
         # the GPUs per replica at each length: the rule run.py places the model by (harness.pipeline.placement)
         gpus_at = replica_gpus(ev, lengths, limit, s.memory_shape(), itemsize, GPU_MEMORY_GIB[gpu] * memory.GIB)
         per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize, gpus_at.get(int(L), 0))

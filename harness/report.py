@@ -72,7 +72,7 @@ def headline(row: dict, entry: str) -> str | None:
 
     node = ((((row.get("config") or {}).get("eval") or {}).get("suite") or {}).get(entry) or {})
     name = node.get("name") if isinstance(node, dict) else None
-    return getattr(EVALS.get(name or entry), "metric", None) if (name or entry) in EVALS else None
+    return EVALS.spec(name or entry).metric if (name or entry) in EVALS else None
 
 
 def summary(row: dict) -> Table:

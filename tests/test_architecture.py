@@ -233,14 +233,14 @@ def test_registry_build_fills_the_name_and_checks_the_node():
 
 
 def test_evaluator_version_defaults_to_one():
-    from harness.evals import build_evaluators
+    from harness.evals import Spec, build_evaluators
     from harness.pipeline import eval_version
 
     (ev,) = build_evaluators({"passkey": {"name": "passkey", "lengths": [64]}})
-    assert eval_version(ev) == int(getattr(type(ev), "version", 1)) >= 1
+    assert eval_version(ev) == type(ev).spec.version >= 1 and Spec("x").version == 1
 
     class Bumped:
-        version = 3
+        spec = Spec("accuracy", version=3)
 
     assert eval_version(Bumped()) == 3
 

@@ -115,7 +115,15 @@ def _check_facts(name: str, obj) -> None:
                           f"its facts (label, family, trains)")
 
 
-METHODS: Registry = Registry("method", "harness.methods", check=_check_facts)
+class Methods(Registry):
+    """The method registry; a method's facts by its name, a variant's key or a results row (:meth:`facts`)."""
+
+    def facts(self, name_or_row) -> Facts | None:
+        """What the tables, findings, figures, plan and report know about a method (:func:`facts`)."""
+        return facts(name_or_row)
+
+
+METHODS: Methods = Methods("method", "harness.methods", check=_check_facts)
 
 
 @functools.cache

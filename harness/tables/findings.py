@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import stats
-from harness.methods import facts
+from harness.methods import METHODS
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
@@ -74,7 +74,7 @@ RETRIEVE_MARGIN = -0.25  # (i) "retrieves within its window": at C no more than 
 def exact_ft(paper: Paper) -> list[str]:
     """The paper's fine-tuned exact-attention methods: its Table 1 rows (in its order) whose method is of the exact
     family and trains (``harness.methods.facts``)."""
-    return [k for k in _table1_keys(paper) if _fam(k) == "exact" and facts(k).trains]
+    return [k for k in _table1_keys(paper) if _fam(k) == "exact" and METHODS.facts(k).trains]
 
 
 def approx(paper: Paper) -> list[str]:
@@ -93,7 +93,7 @@ def _table1_keys(paper: Paper) -> list[str]:
 
 
 def _fam(key: str) -> str | None:
-    f = facts(key)
+    f = METHODS.facts(key)
     return f.family if f else None
 
 
@@ -250,7 +250,7 @@ class Evidence:
 
     def _needle_source(self):
         fl = est.floor(self.rs, self.model, "niah")
-        has_niah = any(est.lengths_of(self.rs, e, "niah", "score") for e in self.entries)
+        has_niah = any(est.lengths_of(self.rs, e, "niah") for e in self.entries)
         if has_niah and fl.measurable:
             return "niah", ""
         fp = est.floor(self.rs, self.model, "passkey")
@@ -269,10 +269,9 @@ class Evidence:
         src = self.needle_source
         if src is None:
             return {}
-        metric = "score" if src == "niah" else "accuracy"
         same: dict = {}
         for e in self.entries:
-            fs = est.lengths_of(self.rs, e, src, metric)
+            fs = est.lengths_of(self.rs, e, src)
             xs = [est.at(self.rs, e, src, f) for f in fs]
             if not xs or any(x is None or x.samples is None or not x.paired for x in xs):
                 continue
@@ -292,7 +291,7 @@ class Evidence:
     def beyond_paper(self, e: Entry) -> bool:
         """A method the paper did not study (its facts say ``beyond_paper``): never in a finding's parts, reported
         beside the findings that range over "every other configuration" as a control."""
-        f = facts(e.method)
+        f = METHODS.facts(e.method)
         return bool(f and f.beyond_paper)
 
     def family(self, e: Entry) -> str:
@@ -317,7 +316,7 @@ class Evidence:
     def ruler_source(self) -> tuple[bool, str]:
         """(whether the rows of this model have RULER and it is measurable, the line naming it): the project's
         RULER-style tasks (``harness.evals._ruler_data``), never RULER's own samples (docs/ruler_check.md)."""
-        have = any(est.lengths_of(self.rs, e, "ruler", "average") for e in self.entries)
+        have = any(est.lengths_of(self.rs, e, "ruler") for e in self.entries)
         if not have:
             return False, "RULER not run for this model"
         fl = est.floor(self.rs, self.model, "ruler")
@@ -346,7 +345,7 @@ class Evidence:
     def ruler_pooled(self, e: Entry | None):
         if e is None:
             return None
-        return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler", "average")])
+        return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler")])
 
     def windows(self, e: Entry | None, f: float):
         """(per-window mean NLLs, their documents) at f x C from a row of ``e`` that scored every window of the books
@@ -371,9 +370,8 @@ class Evidence:
         """Needle pooled over the lengths e was evaluated at (Table 1's averaging)."""
         if self.needle_source is None:
             return None
-        metric = "score" if self.needle_source == "niah" else "accuracy"
         return est.pooled([self.at(e, self.needle_source, f)
-                           for f in est.lengths_of(self.rs, e, self.needle_source, metric)])
+                           for f in est.lengths_of(self.rs, e, self.needle_source)])
 
     def nll(self, e: Entry):
         p = self.rs.pick(e, "nll", lambda m, r: m if isinstance(m.get("per_doc"), list) and m["per_doc"] else None)
@@ -390,7 +388,7 @@ def _label(e: Entry | None, key: str) -> str:
     training seed, whether the entry has rows there or not: ``seeded`` matches parts by name)."""
     if e is not None:
         return e.label
-    f = facts(key)
+    f = METHODS.facts(key)
     return f.label if f and f.label and "{" not in f.label else key
 
 
@@ -670,7 +668,7 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
         f.parts = [Part("LM-Infinite", why="no rows: lm_infinite (frozen)")]
         return f.decide()
     # the longest length up to 8C the rows have (the real-model track stops at 2C)
-    far = max([x for x in est.lengths_of(ev.rs, e, "ppl_pg19", "ppl") if 1 < x <= TRAIN_F] or [TRAIN_F])
+    far = max([x for x in est.lengths_of(ev.rs, e, "ppl_pg19") if 1 < x <= TRAIN_F] or [TRAIN_F])
     tag = f"LM-Infinite: PPL {far:g}C / PPL C"
     first = _ppl_part(tag, ev.at(e, "ppl_pg19", far), ev.at(e, "ppl_pg19", 1.0), -1, PPL_FLAT)
     wa, wb = ev.windows(e, far), ev.windows(e, 1.0)
@@ -691,8 +689,7 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
         f.parts.append(Part("retrieval C - beyond", why=ev.needle_note))
         return f.decide()
     inside = ev.at(e, src, 1.0)
-    metric = "score" if src == "niah" else "accuracy"
-    outside = est.pooled([ev.at(e, src, x) for x in est.lengths_of(ev.rs, e, src, metric) if x >= 2])
+    outside = est.pooled([ev.at(e, src, x) for x in est.lengths_of(ev.rs, e, src) if x >= 2])
     if outside is not None:
         outside.paired = False
     f.parts.append(_part_prop(f"{src} at C - at 2C..16C", inside, outside, "lm_infinite at C",
@@ -733,11 +730,10 @@ def f_g(ev: Evidence, paper: Paper) -> Finding:
         f.parts = parts(needle, src)
     if e is not None and base is not None:
         if ok:
-            f.notes += _reach(ev, e, base, "RULER-style", [x for x in est.lengths_of(ev.rs, e, "ruler", "average")
+            f.notes += _reach(ev, e, base, "RULER-style", [x for x in est.lengths_of(ev.rs, e, "ruler")
                                                            if x >= 1], ev.ruler)
         if src:
-            metric = "score" if src == "niah" else "accuracy"
-            f.notes += _reach(ev, e, base, src, [x for x in est.lengths_of(ev.rs, e, src, metric) if x >= 1],
+            f.notes += _reach(ev, e, base, src, [x for x in est.lengths_of(ev.rs, e, src) if x >= 1],
                               lambda x, fc: ev.at(x, src, fc))
     return f.decide()
 
@@ -1142,7 +1138,7 @@ def real_model_sections(rs: RowSet, main: str, paper: Paper | None, main_fs: lis
         studies = sorted({str(((r.get("config") or {}).get("study") or {}).get("experiment") or "?")
                           for e in ents for r in e.rows})
         c = ents[0].native_ctx
-        lengths = sorted({x for e in ents for x in est.lengths_of(rs, e, "passkey", "accuracy")})
+        lengths = sorted({x for e in ents for x in est.lengths_of(rs, e, "passkey")})
         n_parts = sum(1 for f in fs for p in f.parts if p.holm)
         mine = {f.key: f for f in main_fs}
         out += ["", f"## Real model, frozen: {m}", "",

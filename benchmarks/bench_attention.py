@@ -9,7 +9,7 @@ forward itself needs (weights excluded). The model is the shipped tiny_llama as 
 the weights and the native window C of ``conf/model/tiny_llama.yaml``), each method from its own YAML, put on it as a
 run does (``pipeline.extend``).
 
-Second part (issue 17, ``backends``): the fused backend (``attention.backend=flex``, ``harness/methods/_flex.py``) vs
+Second part (issue 17, ``backends``): the fused backend (``attention.backend=flex``, ``harness/methods/flex.py``) vs
 the reference tile loops, one fp32 decoder forward of tiny_llama at the tiny suite's lengths C..16C, median of 3 after
 a warm-up, in one process; plus LongLoRA's S2-Attn and packed-document masking (documents of C/2 tokens) at the
 training length 8C (forward + backward). On CPU, torch 2.13 runs flex_attention eagerly (an unfused implementation
@@ -101,7 +101,7 @@ warnings.simplefilter("ignore")
 import torch
 torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
 from harness.methods import build_method
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 from harness.models import load_model
 from harness.pipeline import extend
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -175,7 +175,7 @@ def _rank_progress(rank: int, world: int):
     log; the other ranks stay quiet."""
     if rank != 0:
         return None
-    from harness.evals._progress import EvalProgress
+    from harness.evals.eval_progress import EvalProgress
 
     class RankProgress(EvalProgress):
         def __call__(self, entry, done, total):
@@ -197,9 +197,9 @@ def eval_rank(spec_path: str | Path) -> None:
 
     from harness.config import to_args
     from harness.evals import EvalContext, build_evaluators, set_writer
-    from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
+    from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
     from harness.methods import build_method
-    from harness.methods._flex import AttentionArgs, set_backend
+    from harness.methods.flex import AttentionArgs, set_backend
     from harness.train.deepspeed_engine import watch_launcher
 
     watch_launcher()

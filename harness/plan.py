@@ -52,6 +52,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import memory
+from harness.conf_utils import checkpoint_config
+from harness.config import ConfigError, to_args
+from harness.device import fast_bf16_cpu, resolve_device
+from harness.evals import build_evaluators, method_limit, replica_gpus
+from harness.methods import build_method
+from harness.models import MODELS
+from harness.train import TrainArgs
 from harness.train.checkpoint import KEEP_LAST
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +138,6 @@ def model_shape(cfg) -> Shape:
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
     elif str(m.get("path") or "") not in SHAPES:
-        from harness.conf_utils import checkpoint_config
 
         try:
             c = checkpoint_config(str(m.get("path") or ""))  # a hub id in the local cache
@@ -238,7 +244,6 @@ def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu:
 
 def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = ASSUMED_MFU,
               node_gpus: int = DEFAULT_NODE_GPUS) -> dict:
-    from harness.evals import build_evaluators, replica_gpus
 
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
     lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
@@ -299,15 +304,10 @@ class PlanArgs:
 
 def point_plan(cfg, args: PlanArgs | None = None) -> dict:
     """The plan of one composed run config (one sweep point)."""
-    from harness.config import to_args
-    from harness.methods import build_method
-    from harness.train import TrainArgs
-
     args = args or PlanArgs()
     s = model_shape(cfg)
     t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     method = build_method(cfg.method)
-    from harness.evals import method_limit
 
     native = int(cfg.model.native_ctx)
     limit = method_limit(method, native)  # as run.py's placement reads it
@@ -450,7 +450,6 @@ def run_shape(cfg, config=None) -> Shape:
     """The model's shape: ``config`` (a loaded model's config, as a dict), else the checkpoint the model config
     names (its folder, its GGUF file, a hub id in the local cache), else ``SHAPES``."""
     if config is None:
-        from harness.models import MODELS
 
         name = cfg.model.get("name")
         try:
@@ -477,10 +476,6 @@ def run_cost(cfg, suite, method, config=None, device=None) -> dict:
     """The estimated cost of one run (the comment above): per suite entry and length the prompts, prompt tokens,
     generated tokens and seconds; the fine-tune's tokens and seconds; the device rate it rests on."""
     import torch
-
-    from harness.config import to_args
-    from harness.device import resolve_device
-    from harness.train import TrainArgs
 
     s = run_shape(cfg, config)
     dev = device or resolve_device(str(cfg.get("device", "auto")))
@@ -522,7 +517,6 @@ def run_cost(cfg, suite, method, config=None, device=None) -> dict:
 
 
 def _cpu_bf16() -> bool:
-    from harness.device import fast_bf16_cpu
 
     return bool(fast_bf16_cpu())
 
@@ -556,8 +550,6 @@ def check_cost(cfg, suite, method, config=None, log=None) -> dict:
     evaluation is estimated beyond ``cost.limit_s`` seconds (0 = no limit), before the model loads. Returns the
     estimate."""
     import sys
-
-    from harness.config import ConfigError
 
     limit = OmegaConf.select(cfg, "cost.limit_s", default=DEFAULT_COST_LIMIT_S)
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:

@@ -48,6 +48,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import lifecycle, pipeline, results
+from harness.conf_utils import compose
+from harness.config import ConfigError
 
 SHARD_KEY = "shard"
 
@@ -100,7 +102,6 @@ def select(cfg, spec: str, shards: list[Shard] | None = None) -> list[Shard]:
         return shards
     found = [s for s in shards if s.name == spec]
     if not found:
-        from harness.config import ConfigError
 
         raise ConfigError(f"shard {spec!r} is not in this run's plan (have: all, {', '.join(s.name for s in shards)})")
     return found
@@ -277,8 +278,6 @@ def run(cfg, log=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m harness.shards plan <overrides>``: print the run id, its directory and every shard's state."""
-    from harness.conf_utils import compose
-
     if not argv or argv[0] != "plan":
         print(__doc__.split("\n\n")[1])
         return 2

@@ -57,7 +57,7 @@ from harness.evals import (
     tasks_x_samples,
     write_jsonl,
 )
-from harness.evals._ruler_data import DoesNotFit, RulerGenerator, _largest_fitting
+from harness.evals._ruler_data import DoesNotFit, RulerGenerator, largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import (
     HELMET_JSON_KV_DEMO,
@@ -146,7 +146,7 @@ class JsonKV:
 
     def samples(self, L: int, n: int, gen_tokens: int) -> list[dict]:
         budget = L - gen_tokens
-        m = _largest_fitting(lambda k: self.count(self.build(L, 0, k)["prompt"]), budget)
+        m = largest_fitting(lambda k: self.count(self.build(L, 0, k)["prompt"]), budget)
         if m == 0:
             raise DoesNotFit(f"json_kv: one key-value pair does not fit in {L} tokens with {gen_tokens} to generate")
         out = []

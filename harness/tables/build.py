@@ -256,7 +256,7 @@ def _mean_series(m: dict, metric: str, scale: float):
     return sum(vals) / len(vals) * scale if vals else None
 
 
-def _task_mean(m: dict):
+def task_mean(m: dict):
     tasks = m.get("tasks")
     if not isinstance(tasks, dict):
         return None
@@ -315,7 +315,7 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                         p = rs.pick(e, src, series_getter(metric, float(cs["at"])))
                         c.ours = num(p.value)
                     elif cs.get("reduce") == "longbench_average":
-                        p = rs.pick(e, src, lambda m, r: _task_mean(m))
+                        p = rs.pick(e, src, lambda m, r: task_mean(m))
                         c.ours = num(p.value)
                         if c.ours is not None:
                             c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
@@ -390,7 +390,7 @@ def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
             if e is not None:
                 if pr["key"] == "average":
-                    p = rs.pick(e, "longbench", lambda m, r: _task_mean(m))
+                    p = rs.pick(e, "longbench", lambda m, r: task_mean(m))
                     c.ours = num(p.value)
                     if c.ours is not None:
                         c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
@@ -430,7 +430,7 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
             if pr["key"] == "average":
                 fl = floors.setdefault("average", est.floor(rs, model, "ruler"))
             else:
-                task = next((a for a in al if any(est._task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
+                task = next((a for a in al if any(est.task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
                 fl = floors.setdefault(task, est.floor(rs, model, "ruler", task=task))
             for _h, key, e in cols:
                 c = Cell(decimals=2)

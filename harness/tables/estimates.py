@@ -282,7 +282,7 @@ def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor
     unit = f" {task}" if task else ""
     values = []
     for e in ents:
-        for f in (lengths_of(rs, e, source) if not task else _task_factors(rs, e, task)):
+        for f in (lengths_of(rs, e, source) if not task else task_factors(rs, e, task)):
             x = at(rs, e, source, f, read)
             if x is not None and x.value is not None and math.isfinite(x.value):
                 values.append((e, f, x))
@@ -309,7 +309,7 @@ def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor
     return out
 
 
-def _task_factors(rs: RowSet, e: Entry, task: str) -> list[float]:
+def task_factors(rs: RowSet, e: Entry, task: str) -> list[float]:
     fs = set()
     for r in e.rows:
         c = native_ctx(r)

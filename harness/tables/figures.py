@@ -55,7 +55,7 @@ from harness.results import atomic_write
 from harness.safe import safe_file
 from harness.tables import estimates as est
 from harness.tables import samples
-from harness.tables.build import _task_mean, attention
+from harness.tables.build import attention, task_mean
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, num
 
@@ -599,7 +599,7 @@ def scatter_points(rs: RowSet, model: str, notes: list | None = None) -> dict:
             x = est.at(rs, e, "ruler", float(spec["RULER"]["at"]))
             if x is not None:
                 out.setdefault("RULER at 8C", []).append((e.label, fam, ppl, x, e))
-        lb = num(rs.pick(e, "longbench", lambda m, r: _task_mean(m)).value) if longbench else None
+        lb = num(rs.pick(e, "longbench", lambda m, r: task_mean(m)).value) if longbench else None
         if lb is not None:
             out.setdefault("LongBench", []).append((e.label, fam, ppl, est.Est(lb), e))
     return out

@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 
 from harness import stats
+from harness.evals.convergence import GATE_SETS, MIN_GATE_VERSION, gate_version, outdated
 from harness.methods import METHODS
+from harness.results import atomic_write_text, read_rows, signals_held, study_dir
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
@@ -1108,8 +1110,6 @@ def _gated(rs: RowSet, model: str, reason: str) -> str:
 
 def _gate_documents(rs: RowSet, model: str) -> str:
     """Which books the fine-tuned rows of ``model`` were gated on, by gate version (``convergence.GATE_SETS``)."""
-    from harness.evals.convergence import GATE_SETS, gate_version
-
     by: dict = {}
     for r in rs.all_rows:
         if r.get("model") == model and r.get("status") == "ok" and converged(r) is not None:
@@ -1245,7 +1245,6 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            "rows; *with gate-failed rows*, a sensitivity line). How the gate could bias each finding: the section "
            "*Convergence gate* below.",
            ""]
-    from harness.evals.convergence import MIN_GATE_VERSION, outdated
 
     superseded = {id(r) for r in rs.superseded}  # re-run under the current gate: those rows decide nothing
     old_gate = sorted(r.get("run_id", "?") for r in rs.all_rows
@@ -1337,7 +1336,6 @@ def write(results_dir: str | Path, out: str | Path | None = None, model: str | N
           runs_dir: str | Path | None = None, study: str | None = None) -> Path:
     """``results/<study>/findings.md`` from the study's own rows (``study`` None: the rows of no study,
     ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead."""
-    from harness.results import atomic_write_text, read_rows, signals_held, study_dir
     from harness.tables import rows_source
     from harness.tables.rows import load_spec, read_rows_in
 

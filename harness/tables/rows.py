@@ -27,8 +27,9 @@ from pathlib import Path
 import yaml
 
 from harness.evals import EVALS
+from harness.evals.convergence import current, outdated
 from harness.methods import METHODS, row_key
-from harness.results import liveness
+from harness.results import liveness, study_of
 from harness.results import read_rows_in as _read_rows_in
 
 HERE = Path(__file__).parent
@@ -254,7 +255,6 @@ class RowSet:
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         # a fine-tuned row gated by an older convergence gate is superseded by a row of the same configuration gated
         # by the current one (``make study`` re-runs such points): it feeds no cell and is named in a footnote
-        from harness.evals.convergence import current, outdated
 
         rerun = {r.get("config_hash") for r in ok if r.get("config_hash") and current(r)}  # recomputed on read
         self.superseded = [r for r in ok if outdated(r) and r.get("config_hash") in rerun]
@@ -427,7 +427,6 @@ class RowSet:
         """The file a row was read from: ``<runs_dir>/<run_id>.json`` (where its study keeps it when unknown)."""
         if self.runs_dir is not None:
             return str(Path(self.runs_dir, f"{row.get('run_id')}.json"))
-        from harness.results import study_of
 
         st = study_of(row)
         return f"results/{st + '/' if st else ''}runs/{row.get('run_id')}.json"

@@ -101,7 +101,7 @@ from harness.train.checkpoint import (
 )
 from harness.train.ema import ema_update_, update_weight
 from harness.train.ema import record as ema_record
-from harness.train.loop import _rng_state, _set_rng_state, batches_for_step
+from harness.train.loop import batches_for_step, restore_rng_state, rng_state
 from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -552,7 +552,7 @@ def _resume(engine, ema, store: Store, rank: int, world: int):
             engine.load_checkpoint(str(d), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
             if ema is not None and state["ema"] is not None:
                 ema.load(state["ema"])
-            _set_rng_state(state["rng"])
+            restore_rng_state(state["rng"])
             return meta
         return None
     finally:
@@ -570,7 +570,7 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     from harness.config import to_args
     from harness.data import build_data
     from harness.methods import build_method
-    from harness.methods._flex import AttentionArgs, set_backend
+    from harness.methods.flex import AttentionArgs, set_backend
     from harness.models import build_model
 
     t_start = started or time.time()
@@ -726,7 +726,7 @@ def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, ra
     published = None
     try:
         engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        save_state(tmp, f"rank{rank}", {"ema": ema.state() if ema is not None else None, "rng": _rng_state()})
+        save_state(tmp, f"rank{rank}", {"ema": ema.state() if ema is not None else None, "rng": rng_state()})
         dist.barrier()
         if rank == 0:
             published = store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,

@@ -38,11 +38,11 @@ def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: in
         yield ids
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
-def _set_rng_state(s: dict) -> None:
+def restore_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
@@ -54,7 +54,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerpri
     try:
         save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
         save_state(tmp, "train_state", {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                        "ema": ema.state_dict() if ema else None, "rng": _rng_state()})
+                                        "ema": ema.state_dict() if ema else None, "rng": rng_state()})
         return store.publish(tmp, step, {"fingerprint": fingerprint, **info})
     except BaseException as e:
         store.discard(tmp)  # a full disk: free what this save took, so the failed row can still be written
@@ -74,7 +74,7 @@ def load_checkpoint(ckpt_dir: Path, fingerprint: str, model, opt, sched, ema) ->
         sched.load_state_dict(state["scheduler"])
         if ema and state["ema"]:
             ema.load_state_dict(state["ema"])
-        _set_rng_state(state["rng"])
+        restore_rng_state(state["rng"])
         return meta
 
     _, meta, _ = Store(ckpt_dir, fingerprint).load_newest(load)

@@ -28,7 +28,7 @@ at once (and a rank killed mid-build leaving the build's ``lock`` file behind, o
 
 Collectives: every tensor a collective carries lives on the rank's device ``dev`` (``cuda:LOCAL_RANK`` on GPU, where
 NCCL refuses CPU tensors; the CPU with gloo): the per-step loss and stop flag (``reduce_step``), the final gather
-(``_gather_full``), and the EMA partitions read back from a checkpoint (``PartitionEMA.load``); object collectives
+(``_gather_full``), and the EMA partitions read back from a checkpoint (``EMA.load_state_dict``); object collectives
 (``broadcast_object_list``, ``all_gather_object``, barriers) use the current CUDA device, set before the process
 group starts.
 
@@ -99,10 +99,10 @@ from harness.train.checkpoint import (
     save_state,
     share,
 )
-from harness.train.ema import ema_update_, update_weight
+from harness.train.ema import EMA
 from harness.train.ema import record as ema_record
 from harness.train.loop import batches_for_step, restore_rng_state, rng_state
-from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
+from harness.train.step import adamw_settings, add_document_positions, micro_step, optimizer, scheduler, step_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "scripts" / "train_distributed.py"
@@ -130,8 +130,7 @@ def client_optimizer(a: TrainArgs, params: list, on_gpu: bool):
     kind = optimizer_kind(a, on_gpu)
     if kind == "deepspeed":
         return None
-    return torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay,
-                             **({"fused": True} if kind == "torch_fused" else {}))
+    return optimizer(a, params, fused=kind == "torch_fused")
 
 
 def bf16_enabled(a: TrainArgs, on_gpu: bool = False) -> bool:
@@ -169,8 +168,7 @@ def ds_config(a: TrainArgs, on_gpu: bool = False) -> dict:
     if a.offload and not use_ds_optimizer(a, on_gpu):
         cfg["zero_force_ds_cpu_optimizer"] = False  # train.optimizer=torch with offload: asked for explicitly
     if use_ds_optimizer(a, on_gpu):
-        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": a.lr, "betas": list(a.betas), "eps": 1e-8,
-                                                        "weight_decay": a.weight_decay}}
+        cfg["optimizer"] = {"type": "AdamW", "params": {**adamw_settings(a), "betas": list(a.betas)}}
     return cfg
 
 
@@ -415,8 +413,9 @@ def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, 
 
 
 # ----------------------------------------------------------------------------------------------- rank side
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of a parameter: its ZeRO-3 partition, or the whole tensor when not partitioned."""
+def partition(p: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a parameter: its ZeRO-3 partition, or the whole tensor when not partitioned (the EMA's
+    ``local``)."""
     t = getattr(p, "ds_tensor", None)
     return t if t is not None else p.data
 
@@ -452,37 +451,6 @@ class StopFlag:
 
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else "a stop request"
-
-
-class PartitionEMA:
-    """EMA of each rank's parameter partitions (fp32), constant decay; the update rule, bias correction included,
-    is the single engine's (``harness.train.ema``)."""
-
-    def __init__(self, params: list, decay: float, bias_correction: bool = False):
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.params, self.decay, self.bias_correction, self.steps = params, decay, bias_correction, 0
-        self.shadow = [_local(p).detach().float().clone() for p in params]
-
-    def update(self) -> None:
-        self.steps += 1
-        ema_update_(self.shadow, [_local(p) for p in self.params],
-                    update_weight(self.decay, self.steps, self.bias_correction))
-
-    def state(self) -> dict:
-        """What a checkpoint keeps: the shadow and the update count (the next bias-corrected update needs it)."""
-        return {"shadow": self.shadow, "steps": self.steps}
-
-    def load(self, state: dict) -> None:
-        """The state from a checkpoint (read on the CPU), the shadow placed where each partition lives."""
-        self.steps = state["steps"]
-        self.shadow = [t.to(device=_local(p).device, dtype=torch.float32, copy=True)
-                       for p, t in zip(self.params, state["shadow"])]
-
-    @torch.no_grad()
-    def copy_to_params(self) -> None:
-        for p, s in zip(self.params, self.shadow):
-            _local(p).copy_(s.to(_local(p).dtype))
 
 
 def _gather_full(p: torch.Tensor, local: torch.Tensor, dev) -> torch.Tensor:
@@ -551,7 +519,7 @@ def _resume(engine, ema, store: Store, rank: int, world: int):
                 continue  # written by another number of ranks: another partition layout
             engine.load_checkpoint(str(d), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
             if ema is not None and state["ema"] is not None:
-                ema.load(state["ema"])
+                ema.load_state_dict(state["ema"])
             restore_rng_state(state["rng"])
             return meta
         return None
@@ -611,13 +579,12 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     total, acc = a.steps(), a.accumulation()
     conf = ds_config(a, on_gpu)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = client_optimizer(a, params, on_gpu)  # ZeRO hands it its fp32 partitions (on the GPU)
-    sched_fn = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))  # noqa: E731
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
+    client = client_optimizer(a, params, on_gpu)  # ZeRO hands it its fp32 partitions (on the GPU)
+    sched_fn = lambda opt: scheduler(a, opt, total)  # noqa: E731
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client,
                                            lr_scheduler=sched_fn, config=conf)
     phase("deepspeed_initialize")
-    ema_params = [p for p in engine.module.parameters() if p.requires_grad]
-    ema = PartitionEMA(ema_params, a.ema_decay, a.ema_bias_correction) if a.ema else None
+    ema = EMA(engine.module, a.ema_decay, a.ema_bias_correction, local=partition) if a.ema else None
 
     start, resumed_from, losses = 0, None, []
     _safe_checkpoint_engine(engine)
@@ -672,11 +639,11 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     # gather the (EMA) weights on rank 0: all-gather each parameter's partitions (the EMA shadow or the current
     # values). Not GatheredParameters: ZeRO-3 keeps small parameters "persistent" (full p.data, below
     # stage3_param_persistence_threshold), and those would come back as the last iterate instead of the EMA.
-    shadow_of = {id(p): s for p, s in zip(ema.params, ema.shadow)} if ema is not None else {}
+    shadow = ema.shadow if ema is not None else {}
     state = {}
     for name, p in engine.module.named_parameters():
-        local = shadow_of.get(id(p))
-        full = _gather_full(p, _local(p).detach() if local is None else local, dev)
+        local = shadow.get(name)
+        full = _gather_full(p, partition(p).detach() if local is None else local, dev)
         if rank == 0:
             state[name] = full.to(dtype=p.dtype, device="cpu").contiguous()
     info = {
@@ -726,7 +693,7 @@ def _save(engine, ema, store: Store, step: int, fingerprint: str, world: int, ra
     published = None
     try:
         engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        save_state(tmp, f"rank{rank}", {"ema": ema.state() if ema is not None else None, "rng": rng_state()})
+        save_state(tmp, f"rank{rank}", {"ema": ema.state_dict() if ema is not None else None, "rng": rng_state()})
         dist.barrier()
         if rank == 0:
             published = store.publish(tmp, step, {"fingerprint": fingerprint, "world_size": world,

@@ -23,7 +23,7 @@ from harness.train import TrainArgs
 from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
 from harness.train.ema import record as ema_record
-from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
+from harness.train.step import add_document_positions, micro_step, optimizer, scheduler, step_loss
 
 
 def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: int, rank: int = 0, world: int = 1):
@@ -95,9 +95,9 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         model.gradient_checkpointing_enable()
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+    opt = optimizer(a, params)
     total = a.steps()
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
+    sched = scheduler(a, opt, total)
     ema = EMA(model, a.ema_decay, a.ema_bias_correction) if a.ema else None
     accumulation = a.accumulation()
     start, resumed_from = 0, None
@@ -125,7 +125,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         sched.step()
         opt.zero_grad(set_to_none=True)
         if ema:
-            ema.update(model)
+            ema.update()
         losses.append(loss)
         if progress:
             progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0),
@@ -139,7 +139,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     if not a.keep_checkpoints:
         Store(ckpt_dir, fingerprint).cleanup()  # finished: the weights go to the run directory
     if ema:
-        ema.copy_to(model)
+        ema.copy_to()
     model.eval()
     method.eval_mode(handle)
     return {

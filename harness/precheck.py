@@ -30,7 +30,7 @@ def precheck_or_exit(argv: list[str]) -> None:
         if multirun:
             _precheck_sweep(overrides, "config", _validate_run)
         else:
-            from harness.train.deepspeed_engine import one_node_step
+            from harness.train.zero.launch import one_node_step
 
             one_node_step()  # inside a Slurm job: one node per run
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row

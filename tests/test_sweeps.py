@@ -256,8 +256,8 @@ def test_jobs_are_the_basic_sweepers():
     from harness.sweeps import jobs
 
     parser = OverridesParser.create()
-    for argv in (["method=pi,yarn", "seed=0,1", "train=none"], ["a=1", "b=x,y", "a=2,3"], ["+e@eval.suite.t=toy"], ["lr=range(1,4)", "b=q"],
-                 ["model=tiny_llama", "method=choice(pi,yarn)", "eval.lengths=[1,2]"]):
+    for argv in (["method=pi,yarn", "seed=0,1", "train=none"], ["a=1", "b=x,y", "a=2,3"], ["+e@eval.suite.t=toy"],
+                 ["lr=range(1,4)", "b=q"], ["model=tiny_llama", "method=choice(pi,yarn)", "eval.lengths=[1,2]"]):
         ov = parser.parse_overrides(argv)
         assert jobs(ov) == BasicSweeper.split_arguments(ov, None)[0], argv
     with pytest.raises(ValueError, match="discrete sweeps"):

@@ -106,7 +106,6 @@ def _method_node(name: str, settings: dict) -> dict:
 
 
 def _handle(model, tokenizer, native_ctx: int | None, path: str = ""):
-
     name = Path(str(getattr(model.config, "_name_or_path", "") or "model")).name or "model"
     return ModelHandle(model, tokenizer, name, int(native_ctx or native_ctx_of(model)),
                        {"path": path or str(getattr(model.config, "_name_or_path", "") or ""),
@@ -142,7 +141,6 @@ def save(model, folder: str | Path, tokenizer=None) -> dict:
 
 
 def _folder_cfg(path: str) -> dict:
-
     return checkpoint_config(path)
 
 

@@ -232,7 +232,6 @@ def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=N
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
     if train is not None and train.enabled and train.convergence_check:
-
         # the gate's own held-out prompts and books, derived from the run seed (never the suite's)
         tg = plog.stage("convergence gate, the base at C")
         handle.info["baseline_at_C"] = convergence.measure(handle, run_seed=int(cfg.seed),

@@ -102,7 +102,6 @@ def select(cfg, spec: str, shards: list[Shard] | None = None) -> list[Shard]:
         return shards
     found = [s for s in shards if s.name == spec]
     if not found:
-
         raise ConfigError(f"shard {spec!r} is not in this run's plan (have: all, {', '.join(s.name for s in shards)})")
     return found
 

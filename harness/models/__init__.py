@@ -37,6 +37,9 @@ class ModelArgs:
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU only; falls back to sdpa)
     gguf_file: str = ""
     builder: str = ""  # the registered builder when it is not ``name`` (``hub``: a model that is only data)
+    # the checkpoint's layer shapes (layers, hidden, mlp, heads, kv_heads, head_dim, vocab, mlp_mats, tied: its
+    # config.json's), for a plan made where the weights are not (harness.plan); empty: read from the checkpoint
+    shape: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -95,13 +95,11 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         model.gradient_checkpointing_enable()
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = optimizer(a, params)
-    total = a.steps()
+    opt, total = optimizer(a, params), a.steps()
     sched = scheduler(a, opt, total)
     ema = EMA(model, a.ema_decay, a.ema_bias_correction) if a.ema else None
     accumulation = a.accumulation()
-    start, resumed_from = 0, None
-    losses: list[float] = []
+    start, resumed_from, losses = 0, None, []
     meta = load_checkpoint(ckpt_dir, fingerprint, model, opt, sched, ema)
     if meta is not None:
         start = resumed_from = meta["step"]
@@ -142,6 +140,12 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         ema.copy_to()
     model.eval()
     method.eval_mode(handle)
+    return train_info(a, ema, losses, start, resumed_from, wall)
+
+
+def train_info(a: TrainArgs, ema, losses: list, start: int, resumed_from: int | None, wall: float) -> dict:
+    """What the single engine did, for the row's ``train_info``: the recipe as run, the EMA, the losses, the speed."""
+    total, accumulation, tokens_per_step = a.steps(), a.accumulation(), a.global_batch * a.seq_len
     return {
         "engine": "single", "steps": total, "resumed_from_step": resumed_from,
         "tokens_seen": tokens_per_step * total, "seq_len": a.seq_len,

@@ -1,7 +1,7 @@
 """Intrinsic evaluators (issue 6): PPL-evaluator throughput vs the model's raw forward, peak RSS of a 16k-token
 SmolLM2 PPL pass, RULER generation time.
 
-- ``ppl_vs_forward_tiny_llama`` (1k..16k) and ``ppl_vs_forward_smollm2_135m`` (8k): tokens/s of the ``ppl``
+- ``ppl_vs_forward_tiny_llama`` (2C..32C) and ``ppl_vs_forward_smollm2_135m`` (8k): tokens/s of the ``ppl``
   evaluator (``Perplexity.run`` on one document of the length, i.e. reading and tokenising it, the chunked NLL and
   the per-window records included) vs a plain ``model(input_ids)`` forward of the same L tokens (full logits, no
   loss, ``torch.inference_mode``), model as loaded (``base``: plain RoPE, so every length runs). Both protocols:
@@ -14,7 +14,7 @@ SmolLM2 PPL pass, RULER generation time.
 - ``smollm2_16k_ppl_rss``: a fresh subprocess loads SmolLM2 and runs the ``ppl`` evaluator at 16384 tokens;
   ``ru_maxrss`` at the end (load + pass, the whole process), RSS after loading, and the pass's own peak (VmHWM reset
   through ``/proc/self/clear_refs`` after loading). Target: well under 8 GiB.
-- ``ruler_generation``: 13 tasks x 100 samples x {512, 1024, 2048, 4096} with the tiny tokenizer and the tiny
+- ``ruler_generation``: 13 tasks x 100 samples x {C, 2C, 4C, 8C} with the tiny tokenizer and the tiny
   suite's RULER settings (qa_1/qa_2 from a small hand-made SQuAD/HotpotQA-format file of short paragraphs, so every
   task fits from 1024 on), wall and process-CPU seconds (target <= 60 s).
 
@@ -24,9 +24,11 @@ Environment: ``BENCH_THREADS`` (torch threads, default min(2, cores)), ``BENCH_R
 7 per length), ``BENCH_BUDGET_S`` (tiny_llama: more repeats while a length's raw forwards take less than this many
 seconds in all, default 10), ``BENCH_SMOLLM2=0`` skips SmolLM2 (two loads, ~10 passes of 8k-16k tokens: the slow
 part on 2 cores),
-``BENCH_RULER_SAMPLES`` (default 100), ``BENCH_LENGTHS`` (tiny_llama lengths, default 1024,2048,4096,8192,16384).
+``BENCH_RULER_SAMPLES`` (default 100), ``BENCH_LENGTHS`` (tiny_llama lengths in tokens, default 2C..32C with C the
+native window of ``conf/model/tiny_llama.yaml``).
 
     python scripts/bench.py evals
+    python scripts/bench.py --smoke evals        # one length, one repeat, SmolLM2 skipped (seconds)
 """
 from __future__ import annotations
 
@@ -195,7 +197,7 @@ def smollm2_rss(tok, length: int = 16384) -> dict:
     return res
 
 
-def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -> dict:
+def ruler_generation(tok, lengths: list[int], samples: int = 100) -> dict:
     from omegaconf import OmegaConf
 
     from harness.evals._ruler_data import ALL_TASKS, DoesNotFit, RulerGenerator
@@ -233,21 +235,29 @@ def ruler_generation(tok, lengths=(512, 1024, 2048, 4096), samples: int = 100) -
                 "skipped (do not fit)": skipped}
 
 
-def run() -> dict:
+def run(smoke: bool = False) -> dict:
+    """Smoke: one length (C) once, RULER's generation of one sample per task at 2C, SmolLM2 skipped."""
     import torch
 
     from harness.models import load_model
 
     torch.set_num_threads(_threads())
-    lengths = [int(x) for x in os.environ.get("BENCH_LENGTHS", "1024,2048,4096,8192,16384").split(",")]
-    tiny = load_model("tiny_llama")
-    res = {"threads": torch.get_num_threads(), "load": os.getloadavg(),
-           "ruler_generation": ruler_generation(tiny.tokenizer,
-                                                samples=int(os.environ.get("BENCH_RULER_SAMPLES", "100"))),
-           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, lengths, int(os.environ.get("BENCH_REPEATS", "7")),
-                                                       budget_s=float(os.environ.get("BENCH_BUDGET_S", "10")))}
+    tiny = load_model("tiny_llama")  # its builder: the shipped weights and C from conf/model/tiny_llama.yaml
+    C = tiny.native_ctx
+    if smoke:
+        lengths, repeats, budget, ruler = [C], 1, 0.0, dict(lengths=[2 * C], samples=1)
+    else:
+        lengths = [int(x) for x in os.environ.get("BENCH_LENGTHS", "").split(",") if x] or [m * C for m in
+                                                                                            (2, 4, 8, 16, 32)]
+        repeats, budget = int(os.environ.get("BENCH_REPEATS", "7")), float(os.environ.get("BENCH_BUDGET_S", "10"))
+        ruler = dict(lengths=[m * C for m in (1, 2, 4, 8)], samples=int(os.environ.get("BENCH_RULER_SAMPLES", "100")))
+    res = {"threads": torch.get_num_threads(), "load": os.getloadavg(), "native_ctx": C, "smoke": smoke,
+           "ruler_generation": ruler_generation(tiny.tokenizer, **ruler),
+           "ppl_vs_forward_tiny_llama": ppl_vs_forward(tiny, lengths, repeats, budget_s=budget)}
     del tiny
-    if os.environ.get("BENCH_SMOLLM2", "1") != "0":
+    if smoke:
+        res["smollm2"] = "skipped (smoke)"
+    elif os.environ.get("BENCH_SMOLLM2", "1") != "0":
         smol = load_model("smollm2_135m")
         res["ppl_vs_forward_smollm2_135m"] = ppl_vs_forward(smol, [8192], 4, protocols=("yarn",))
         tok = smol.tokenizer

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("A800", 312e12),
              ("L40S", 362e12), ("A10G", 70e12), ("RTX 4090", 165e12)]
 
-LLAMA2_7B = dict(vocab=32000, hidden=4096, mlp=11008, heads=32, kv_heads=32, head_dim=128, ctx=4096, theta=10000.0)
-TINY = dict(vocab=512, hidden=64, mlp=128, heads=4, kv_heads=2, head_dim=16, ctx=256, theta=10000.0)
+FULL_MODEL, SMOKE_MODEL = "llama2_7b", "tiny_llama"  # conf/model/<name>.yaml: shapes, C and RoPE base from there
 
 FULL = dict(layers=4, prefill=[8192, 32768, 65536], landmark_max=8192, train=[8192, 32768], generate=[4096, 8192,
             16384, 32768], new_tokens=64, agreement=8192, agreement_train=4096, reps=3, dtype="bfloat16")
@@ -68,6 +67,21 @@ FUSED = ("self_extend", "lm_infinite")  # prefill / generate rows with both back
 
 
 # ---------------------------------------------------------------------------------------------------- setup
+def model_shape(name: str) -> dict:
+    """The layer shapes, native window C and RoPE base of the checkpoint ``conf/model/<name>.yaml`` names, as the
+    harness reads them (``harness.plan.run_shape``: its config.json where it is at hand, else the plan's table; the
+    base from its config, transformers' Llama default 1e4 where the config is not here)."""
+    from harness.conf_utils import compose
+    from harness.models import hf_config
+    from harness.plan import run_shape
+
+    cfg = compose([f"model={name}", "train=none"])
+    s = run_shape(cfg)
+    rp = getattr(hf_config(cfg.model), "rope_parameters", None) or {}
+    return dict(vocab=s.vocab, hidden=s.hidden, mlp=s.mlp, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+                ctx=int(cfg.model.native_ctx), theta=float(rp.get("rope_theta") or 10000.0))
+
+
 def make_model(shape: dict, layers: int, device, dtype, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -95,7 +109,8 @@ class Tok:
 
 
 def method_config(name: str, smoke: bool) -> dict:
-    """The method's settings: the paper point's (LLaMA2-7B) or, in smoke mode, the tiny YAML defaults (C = 256)."""
+    """The method's settings: the paper point's (LLaMA2-7B) or, in smoke mode, the YAML defaults (lengths in units of
+    the smoke model's C)."""
     from harness.conf_utils import group_defaults
 
     if smoke or name == "base":
@@ -426,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         p["layers"] = args.layers
     if args.reps is not None:
         p["reps"] = args.reps
-    shape = TINY if args.smoke else LLAMA2_7B
+    shape = model_shape(SMOKE_MODEL if args.smoke else FULL_MODEL)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, p["dtype"]) if cuda or args.smoke else torch.float32
     if args.smoke and not cuda:
@@ -436,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         else ROOT / "results" / "bench_gpu.json")
     from harness.results import atomic_write_json, now_iso
 
-    model_info = {"shape": "tiny (smoke)" if args.smoke else "LLaMA2-7B layer shapes, random weights",
+    model_info = {"shape": f"{SMOKE_MODEL} layer shapes (smoke)" if args.smoke else "LLaMA2-7B layer shapes, random "
+                  "weights",
                   **shape, "layers": p["layers"], "layers_of_real_model": None if args.smoke else 32,
                   "dtype": str(dtype).removeprefix("torch.")}
     pk, pk_source = peak_flops(device)

@@ -9,6 +9,7 @@ prompt, both recorded by the evaluator); generated tokens are not counted. The r
 checkpoint and caches into a temporary directory (never results/runs/).
 
     python scripts/bench.py run
+    python scripts/bench.py --smoke run          # the same process, frozen, a few prompts at C (seconds)
 """
 from __future__ import annotations
 
@@ -57,7 +58,14 @@ def summarise(row: dict, wall: float) -> dict:
     return out
 
 
-def run(args: list[str] | None = None) -> dict:
+# smoke: the embedded default's process and row, frozen, with a few prompts at the native window C (lengths in units
+# of C through the configs' own ``ctx_x`` resolver: C is the model config's)
+SMOKE = ["train=none", "eval=run", "eval.lengths=${ctx_x:1}", "eval.suite.ppl_books.samples=1",
+         "eval.suite.ppl_books.lengths=${ctx_x:1}", "eval.suite.passkey.samples=2"]
+
+
+def run(args: list[str] | None = None, smoke: bool = False) -> dict:
+    args = [*(args or []), *(SMOKE if smoke else [])]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "HARNESS_RESULTS_DIR": f"{tmp}/res", "HARNESS_OUTPUT_DIR": f"{tmp}/out",
                "HARNESS_CKPT_DIR": f"{tmp}/ck", "HARNESS_CACHE_DIR": f"{tmp}/cache",
@@ -71,10 +79,12 @@ def run(args: list[str] | None = None) -> dict:
             raise RuntimeError(f"run.py exited {r.returncode} with {len(rows)} rows: {r.stderr[-2000:]}")
         row = json.loads(rows[0].read_text())
     out = summarise(row, wall)
-    out["command"] = "python run.py" + "".join(f" {a}" for a in (args or []))
+    out["command"] = "python run.py" + "".join(f" {a}" for a in args)
+    out["smoke"] = smoke
     out["load"] = os.getloadavg()
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1:]), indent=1))
+    argv = sys.argv[1:]
+    print(json.dumps(run([a for a in argv if a != "--smoke"], smoke="--smoke" in argv), indent=1))

@@ -12,6 +12,7 @@ load), so the table can be filled over several sessions.
     python scripts/bench.py suite                                   # BENCH_SUITE_METHODS, default below
     BENCH_SUITE_METHODS=base,self_extend python scripts/bench.py suite
     BENCH_SUITE_ENTRIES=passkey,ppl_books BENCH_SUITE_LENGTHS=512,1024 python scripts/bench.py suite   # shorter
+    python scripts/bench.py --smoke suite                           # two methods, make run's suite cut to C
 
 Default methods: one of each attention code path the study evaluates (``base``: plain SDPA; ``ntk_frozen``: dynamic
 RoPE; ``yarn``: static RoPE + scaling; ``lm_infinite`` / ``self_extend`` / ``dca``: the blockwise merged-softmax
@@ -30,11 +31,12 @@ DEFAULT = "base,ntk_frozen,yarn,lm_infinite,self_extend,dca,landmark"
 
 
 def suite_cost(methods: list[str], suite: str = "tiny", model: str = "tiny_llama", only: list[str] | None = None,
-               lengths: list[int] | None = None) -> dict:
+               lengths: list[int] | None = None, overrides: list[str] | None = None) -> dict:
     """Wall and process-CPU seconds of the ``suite`` (the default: the powered tiny suite) per method, per suite
     entry, frozen weights (a fine-tuned checkpoint costs the same to evaluate: same shapes, same code path). Each
     method in a fresh model; the first call of each entry includes its data preparation (tokenising the books and
-    haystacks), as in a real run. ``only``: a subset of suite entries; ``lengths``: override the suite's lengths."""
+    haystacks), as in a real run. ``only``: a subset of suite entries; ``lengths``: override the suite's lengths;
+    ``overrides``: more command-line overrides of the composed config."""
     import torch
     from omegaconf import OmegaConf
 
@@ -48,7 +50,7 @@ def suite_cost(methods: list[str], suite: str = "tiny", model: str = "tiny_llama
         over = [f"model={model}", f"method={name}", "train=none", f"eval={suite}"]
         if lengths:
             over.append(f"eval.lengths=[{','.join(str(x) for x in lengths)}]")
-        cfg = compose(over)
+        cfg = compose([*over, *(overrides or [])])
         suite_cfg = OmegaConf.to_container(cfg.eval.suite, resolve=True)
         if only:
             suite_cfg = {k: v for k, v in suite_cfg.items() if k in only}
@@ -86,12 +88,21 @@ def _csv(key: str) -> list[str] | None:
     return [x for x in v.split(",") if x] or None
 
 
-def run() -> dict:
+# smoke: two methods on ``make run``'s suite cut to a few prompts at the native window C (the configs' ``ctx_x``)
+SMOKE = dict(methods=["base", "self_extend"], suite="run",
+             overrides=["eval.lengths=${ctx_x:1}", "eval.suite.ppl_books.samples=1",
+                        "eval.suite.ppl_books.lengths=${ctx_x:1}", "eval.suite.passkey.samples=2"])
+
+
+def run(smoke: bool = False) -> dict:
     import torch
 
     from harness.results import git_sha, now_iso
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    if smoke:  # never merged into results/bench.json's suite table
+        res = suite_cost(SMOKE["methods"], suite=SMOKE["suite"], overrides=SMOKE["overrides"])
+        return {**res, "smoke": True}
     methods = _csv("BENCH_SUITE_METHODS") or DEFAULT.split(",")
     lengths = [int(x) for x in _csv("BENCH_SUITE_LENGTHS") or []] or None
     only = _csv("BENCH_SUITE_ENTRIES")

@@ -1,8 +1,9 @@
 """Training throughput: the harness's single-process step vs a plain PyTorch loop on the same model and length
 (target >= 0.95x), and the 2-rank DeepSpeed ZeRO-3 engine (CPU, gloo).
 
-Model: tiny_llama's architecture (4 layers, hidden 256, vocab 4096; random weights, so it runs before the shipped
-weights exist), fp32, sequence length 512, micro batch 1 x accumulation 2, the same token chunks in both loops.
+Model: the shipped tiny_llama as its builder loads it (``load_model``: 4 layers, hidden 256, vocab 4096, the native
+window C of ``conf/model/tiny_llama.yaml``), fp32, sequence length C, micro batch 1 x accumulation 2, the same token
+chunks in both loops.
 Both single-process variants do the same work per optimizer step (forward with the model's own loss, backward,
 clip, AdamW, zero_grad); the harness adds what the recipe requires: its LR scheduler and the EMA update.
 
@@ -19,6 +20,7 @@ count the machine was contended, and the absolute tokens/s are low (the lockstep
 like).
 
     python scripts/bench.py training
+    python scripts/bench.py --smoke training     # C/4 tokens, 2 steps, ZeRO-3 one step (the engines' paths run)
 """
 from __future__ import annotations
 
@@ -32,32 +34,32 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SEQ, ACC = 512, 2  # training length, gradient accumulation (micro batch 1)
-WARMUP, STEPS, REPEATS = 2, 10, 4  # per run: untimed + timed optimizer steps of each loop; runs (alternating order)
-ZERO3_STEPS = 6
+MODEL = "tiny_llama"
+ACC = 2  # gradient accumulation (micro batch 1)
+# per size: training length in units of C; untimed + timed optimizer steps of each loop per run; runs (alternating
+# order); ZeRO-3 optimizer steps
+FULL = dict(seq_c=1.0, warmup=2, steps=10, repeats=4, zero3_steps=6)
+SMOKE = dict(seq_c=0.25, warmup=1, steps=1, repeats=1, zero3_steps=1)
 
 
-def _model(vocab=4096):
-    from transformers import LlamaForCausalLM
+def _handle():
+    """A fresh copy of the model as the harness builds it (``load_model``), in training mode."""
+    from harness.models import load_model
 
-    from harness.models.tiny_llama import tiny_config
-
-    torch.manual_seed(0)
-    cfg = tiny_config(vocab, 10000.0, 1, 2, 3)
-    cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg)
+    handle = load_model(MODEL)
+    handle.model.train()
+    return handle
 
 
-def _chunks(n, vocab=4096):
-    return np.random.default_rng(0).integers(3, vocab, size=(n, SEQ)).astype(np.uint16)
+def _chunks(n, seq, vocab):
+    return np.random.default_rng(0).integers(3, vocab, size=(n, seq)).astype(np.uint16)
 
 
 def plain_loop(chunks):
     """The reference: a minimal hand-written PyTorch training loop, as a generator primed past its set-up: each
     ``next()`` runs one optimizer step and yields its index."""
     steps = len(chunks) // ACC
-    model = _model()
-    model.train()
+    model = _handle().model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     yield -1
     for s in range(steps):
@@ -75,17 +77,16 @@ def lockstep(chunks, plain_first: bool) -> tuple[np.ndarray, np.ndarray]:
     """One run of the harness's single-process engine (``harness.train.loop.finetune``: scheduler, clipping, EMA,
     the per-step checkpoint check with ``save_every=0``) with the plain loop stepping in between. Returns each
     loop's per-step wall seconds, in step order."""
-    from harness.methods import Method, MethodArgs
-    from harness.models import ModelHandle
+    from harness.methods import build_method
     from harness.train import TrainArgs
     from harness.train.loop import finetune
 
-    steps = len(chunks) // ACC
-    a = TrainArgs(name="bench", enabled=True, seq_len=SEQ, tokens=steps * ACC * SEQ, global_batch=ACC, micro_batch=1,
+    steps, seq = len(chunks) // ACC, chunks.shape[1]
+    a = TrainArgs(name="bench", enabled=True, seq_len=seq, tokens=steps * ACC * seq, global_batch=ACC, micro_batch=1,
                   lr=1e-3, warmup_steps=1, ema=True, ema_decay=0.9, save_every=0, autocast="float32")
     plain = plain_loop(chunks)
     next(plain)  # set-up, untimed
-    model = _model()
+    handle = _handle()
     h, p, last = [], [], [0.0]
 
     def plain_step():
@@ -102,14 +103,13 @@ def lockstep(chunks, plain_first: bool) -> tuple[np.ndarray, np.ndarray]:
         plain_step()
     with tempfile.TemporaryDirectory() as d:
         last[0] = time.perf_counter()
-        finetune(ModelHandle(model, None, "bench", 256), Method(MethodArgs(name="base")), chunks, a, Path(d), "bench",
-                 progress=progress)
+        finetune(handle, build_method({"name": "base"}), chunks, a, Path(d), "bench", progress=progress)
     assert len(h) == len(p) == steps, (len(h), len(p), steps)
     return np.array(h), np.array(p)
 
 
-def single_process(warmup=WARMUP, steps=STEPS, repeats=REPEATS) -> dict:
-    chunks = _chunks((warmup + steps) * ACC)
+def single_process(seq: int, vocab: int, warmup: int, steps: int, repeats: int) -> dict:
+    chunks = _chunks((warmup + steps) * ACC, seq, vocab)
     load0 = os.getloadavg()[0]
     t0 = time.time()
     lockstep(chunks[: ACC * 2], plain_first=False)  # warm-up: imports, allocator, kernels
@@ -120,7 +120,7 @@ def single_process(warmup=WARMUP, steps=STEPS, repeats=REPEATS) -> dict:
         ps.append(p[warmup:])
         per_run.append(float(np.median(p[warmup:]) / np.median(h[warmup:])))
     h_all, p_all = np.concatenate(hs), np.concatenate(ps)
-    tok = ACC * SEQ
+    tok = ACC * seq
     load1 = os.getloadavg()[0]
     return {
         "single_harness_tokens_per_s": round(tok / float(np.median(h_all)), 1),
@@ -141,11 +141,11 @@ def single_process(warmup=WARMUP, steps=STEPS, repeats=REPEATS) -> dict:
     }
 
 
-def zero3_two_ranks() -> dict:
-    """2 gloo ranks, ZeRO-3, same model/length, global batch 4 (micro 1 x accumulation 2 x 2 ranks)."""
+def zero3_two_ranks(seq: int, steps: int) -> dict:
+    """2 gloo ranks, ZeRO-3, the model as its YAML builds it, global batch 4 (micro 1 x accumulation 2 x 2 ranks)."""
     from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
 
+    from harness.conf_utils import group_defaults
     from harness.config import to_args
     from harness.data import build_data
     from harness.methods import build_method
@@ -155,16 +155,13 @@ def zero3_two_ranks() -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        tok = AutoTokenizer.from_pretrained(ROOT / "harness" / "assets" / "tiny_llama")
-        _model(len(tok)).save_pretrained(d / "model")
-        tok.save_pretrained(d / "model")
         cfg = OmegaConf.create({
-            "model": {"name": "tiny_llama", "path": str(d / "model"), "native_ctx": 256},
+            "model": group_defaults("model", MODEL),
             "method": {"name": "base"},
             "data": {"name": "local_mix", "shares": {"synthetic": 1.0}, "synthetic_docs": 60,
                      "cache_dir": str(d / "cache"), "seed": 0},
-            "train": {"name": "bench", "enabled": True, "engine": "deepspeed", "world_size": 2, "seq_len": SEQ,
-                      "tokens": SEQ * 4 * ZERO3_STEPS, "global_batch": 4, "micro_batch": 1, "lr": 1e-3,
+            "train": {"name": "bench", "enabled": True, "engine": "deepspeed", "world_size": 2, "seq_len": seq,
+                      "tokens": seq * 4 * steps, "global_batch": 4, "micro_batch": 1, "lr": 1e-3,
                       "warmup_steps": 1,
                       "ema": True, "ema_decay": 0.9, "save_every": 0, "autocast": "float32", "log_every": 1},
             "seed": 0})
@@ -179,12 +176,18 @@ def zero3_two_ranks() -> dict:
                 "world_size": 2, "zero_stage": 3, "optimizer": info["optimizer"]}
 
 
-def run() -> dict:
+def run(smoke: bool = False) -> dict:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    out = {"model": "tiny_llama architecture (5.3M, random init), fp32", "seq_len": SEQ, "accumulation": ACC,
-           "micro_batch": 1, "threads": torch.get_num_threads(), **single_process()}
+    size = SMOKE if smoke else FULL
+    probe = _handle()
+    C, vocab = probe.native_ctx, probe.model.config.vocab_size
+    seq = int(round(size["seq_c"] * C))
+    del probe
+    out = {"model": f"{MODEL} (the shipped weights), fp32", "native_ctx": C, "seq_len": seq, "accumulation": ACC,
+           "micro_batch": 1, "threads": torch.get_num_threads(), "smoke": smoke,
+           **single_process(seq, vocab, size["warmup"], size["steps"], size["repeats"])}
     try:
-        out["zero3_2ranks"] = zero3_two_ranks()
+        out["zero3_2ranks"] = zero3_two_ranks(seq, size["zero3_steps"])
     except Exception as e:  # noqa: BLE001 - record, don't hide the single-process numbers
         out["zero3_2ranks"] = {"error": f"{type(e).__name__}: {e}"}
     return out
@@ -192,5 +195,6 @@ def run() -> dict:
 
 if __name__ == "__main__":
     import json
+    import sys
 
-    print(json.dumps(run(), indent=1))
+    print(json.dumps(run(smoke="--smoke" in sys.argv[1:]), indent=1))

@@ -1,7 +1,7 @@
 """What torch's *compiled* flex_attention can do on a CPU, for the one attention whose fused path matters most at the
 tiny suite's lengths (Self-Extend): is any fused form no slower than the reference tile loops on this machine?
 
-The harness's ``flex`` backend runs flex_attention eagerly on CPU (``harness/methods/_flex.py``), which ``make bench``
+The harness's ``flex`` backend runs flex_attention eagerly on CPU (``harness/methods/flex.py``), which ``make bench``
 measures far slower than the tile loops. ``torch.compile(flex_attention)`` does run on CPU (inductor's C++ template),
 but in torch 2.13 only for inference and without the log-sum-exp (``return_aux=AuxRequest(lse=True)`` raises
 "torch.compile on CPU only supports inference and `return_lse` is not supported yet"), so the harness's two-call

@@ -14,7 +14,7 @@
   read from ``config.max_position_embeddings`` unless ``native_ctx`` is given).
 - :func:`evaluate`: run a suite (``conf/eval/<name>.yaml``) or one evaluator on a model object or a checkpoint
   folder and return the results row (``harness.results.Row``), also written to ``<results_dir>/runs/``.
-- :func:`save` / :func:`load`: a folder that keeps the method (``harness.methods._persist``): a standard config
+- :func:`save` / :func:`load`: a folder that keeps the method (``harness.methods.persist``): a standard config
   when transformers can express the method, else the method recorded and plain ``from_pretrained`` refused.
 - :func:`methods` / :func:`evaluators`: what is registered, with its facts and default settings.
 
@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.conf_utils import checkpoint_config, compose, find_conf, group_defaults, hf_dtype, hub_name
 from harness.config import ConfigError
+from harness.evals import EVALS
+from harness.methods import METHODS, RECORDS, build_method, yaml_defaults
+from harness.methods.persist import record
+from harness.methods.persist import save as _save
+from harness.models import ModelHandle, rotary_dim
 
 __all__ = ["MethodInfo", "EvaluatorInfo", "methods", "evaluators", "extend", "save", "load", "evaluate", "run",
            "native_ctx_of", "TINY_LLAMA"]
@@ -68,11 +74,9 @@ def _first_line(obj) -> str:
 
 def methods() -> dict[str, MethodInfo]:
     """Every registered method by name (``conf/method/<name>.yaml`` present), in name order."""
-    from harness.methods import METHODS, facts, yaml_defaults
-
     out = {}
     for name, cls in METHODS.items():
-        f = facts(name)
+        f = METHODS.facts(name)
         if f is not None:
             out[name] = MethodInfo(name, f, yaml_defaults(name), _first_line(cls))
     return out
@@ -80,10 +84,7 @@ def methods() -> dict[str, MethodInfo]:
 
 def evaluators() -> dict[str, EvaluatorInfo]:
     """Every registered evaluator by name, in name order."""
-    from harness.conf_utils import find_conf, group_defaults
-    from harness.evals import EVALS
-
-    return {name: EvaluatorInfo(name, str(cls.metric),
+    return {name: EvaluatorInfo(name, cls.spec.metric,
                                 group_defaults("evaluator", name) if find_conf("evaluator", name) else {},
                                 _first_line(cls))
             for name, cls in EVALS.items()}
@@ -105,8 +106,6 @@ def _method_node(name: str, settings: dict) -> dict:
 
 
 def _handle(model, tokenizer, native_ctx: int | None, path: str = ""):
-    from harness.models import ModelHandle, rotary_dim
-
     name = Path(str(getattr(model.config, "_name_or_path", "") or "model")).name or "model"
     return ModelHandle(model, tokenizer, name, int(native_ctx or native_ctx_of(model)),
                        {"path": path or str(getattr(model.config, "_name_or_path", "") or ""),
@@ -123,7 +122,6 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
     of the model's config the method does not apply (a sliding window) is printed. Raises ``ConfigError`` (one line)
     for an unknown method or setting, an impossible value, or a model already extended."""
     from harness import pipeline
-    from harness.methods import build_method
 
     if getattr(getattr(model, "harness_method", None), "name", "base") != "base":  # base changes nothing
         raise ConfigError(f"extend: the model is already extended with method {model.harness_method.name!r}; extend a "
@@ -137,16 +135,12 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
 
 
 def save(model, folder: str | Path, tokenizer=None) -> dict:
-    """Save ``model`` (and ``tokenizer``) to ``folder`` keeping its method (``harness.methods._persist``); returns
+    """Save ``model`` (and ``tokenizer``) to ``folder`` keeping its method (``harness.methods.persist``); returns
     the method record written into ``config.json`` (``{}`` for a model without one)."""
-    from harness.methods._persist import save as _save
-
     return _save(model, folder, tokenizer)
 
 
 def _folder_cfg(path: str) -> dict:
-    from harness.conf_utils import checkpoint_config
-
     return checkpoint_config(path)
 
 
@@ -159,10 +153,6 @@ def load(path: str | Path, *, method: str | None = None, native_ctx: int | None 
     ``dtype``: float32 | bfloat16 | float16 (default: the checkpoint's); ``device``: ``auto``, ``cpu``, ``cuda:N``
     (default: the CPU)."""
     from harness import pipeline
-    from harness.conf_utils import _hf_dtype, _hub_name
-    from harness.methods import METHODS, build_method
-    from harness.methods._persist import record
-    from harness.models import build_model
 
     path = str(path)
     rec = record(path) if os.path.isdir(path) else None
@@ -172,8 +162,10 @@ def load(path: str | Path, *, method: str | None = None, native_ctx: int | None 
     c = int(native_ctx or (rec or {}).get("native_ctx") or _folder_cfg(path).get("max_position_embeddings") or 0)
     if c < 1:
         raise ConfigError(f"load: {path} has no max_position_embeddings in config.json; pass native_ctx=<C tokens>")
-    handle = build_model({"name": _hub_name(path), "builder": "hub", "path": path, "native_ctx": c,
-                          "dtype": dtype or _hf_dtype(path), "attn_implementation": attn_implementation},
+    from harness.models import build_model  # at call time: the tests stand in a loader that loads nothing
+
+    handle = build_model({"name": hub_name(path), "builder": "hub", "path": path, "native_ctx": c,
+                          "dtype": dtype or hf_dtype(path), "attn_implementation": attn_implementation},
                          device=device)
     if rec:
         fields = {f.name for f in dataclasses.fields(METHODS.get(rec["name"]).Args)}
@@ -210,8 +202,6 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     from omegaconf import OmegaConf, open_dict
 
     from harness import lifecycle
-    from harness.conf_utils import compose, group_defaults
-    from harness.methods._persist import record
 
     if (suite is None) == (evaluator is None):
         raise ConfigError("evaluate: give exactly one of suite=<conf/eval name> or evaluator=<registered name>")
@@ -243,7 +233,6 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
                          "attn_implementation": "sdpa"}
         c = int(cfg.model.native_ctx)
         params = (dict(method_obj.params()) if method_obj is not None else (rec or {}).get("params")) or {}
-        from harness.methods import RECORDS
 
         for k, v in params.items():
             if k not in RECORDS and k in cfg.method:

@@ -57,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness: {script} is missing: the tools run from a checkout installed with `pip install -e .`",
               file=sys.stderr)
         return 2
-    sys.path.insert(0, str(script.parent))  # as `python <script>` does
     return _run(lambda: runpy.run_path(str(script), run_name="__main__"), [str(script), *args])
 
 

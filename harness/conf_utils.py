@@ -118,7 +118,7 @@ def _hf_config(path, key, default=None):
     raise ValueError(f"model.path: {path}'s config.json has no {key!r}; set it on the command line")
 
 
-def _hf_dtype(path):
+def hf_dtype(path):
     """``${hf_dtype:${model.path}}``: the checkpoint's weight dtype (``torch_dtype`` / ``dtype``; float32 when the
     config names none)."""
     cfg = checkpoint_config(path)
@@ -126,7 +126,7 @@ def _hf_dtype(path):
     return d if d in ("float32", "bfloat16", "float16") else "float32"
 
 
-def _hub_name(path):
+def hub_name(path):
     """``${hub_name:${model.path}}``: a row name from a folder or hub id (``/ckpt/my-model/`` -> ``my-model``,
     ``org/Model-7B`` -> ``org--Model-7B``)."""
     import re
@@ -167,7 +167,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("ctx", _ctx)
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", _mul)
-    for name, fn in (("hf_config", _hf_config), ("hf_dtype", _hf_dtype), ("hub_name", _hub_name), ("points", _points),
+    for name, fn in (("hf_config", _hf_config), ("hf_dtype", hf_dtype), ("hub_name", hub_name), ("points", _points),
                      ("safe_name", _safe_name), ("env_or", _env_or)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -123,7 +123,7 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
                       gpus: int | None = None):
     """Evaluate ``suite`` in ``world`` ranks; yields ``(key, output, seconds)`` per entry, in suite order, as rank 0
     finishes each (see the module docstring)."""
-    from harness.train.deepspeed_engine import run_torchrun
+    from harness.train.zero.launch import run_torchrun
 
     job = Path(run_dir) / "eval_job"
     out = job / "out"
@@ -175,7 +175,7 @@ def _rank_progress(rank: int, world: int):
     log; the other ranks stay quiet."""
     if rank != 0:
         return None
-    from harness.evals._progress import EvalProgress
+    from harness.evals.eval_progress import EvalProgress
 
     class RankProgress(EvalProgress):
         def __call__(self, entry, done, total):
@@ -197,10 +197,10 @@ def eval_rank(spec_path: str | Path) -> None:
 
     from harness.config import to_args
     from harness.evals import EvalContext, build_evaluators, set_writer
-    from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
+    from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
     from harness.methods import build_method
-    from harness.methods._flex import AttentionArgs, set_backend
-    from harness.train.deepspeed_engine import watch_launcher
+    from harness.methods.flex import AttentionArgs, set_backend
+    from harness.train.zero.launch import watch_launcher
 
     watch_launcher()
     spec = json.loads(Path(spec_path).read_text())

@@ -32,6 +32,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import results
+from harness.conf_utils import compose
 from harness.config import ConfigError
 from harness.safe import env_setting, is_safe_name
 from harness.train import Terminated
@@ -366,8 +367,6 @@ def _before_any_job(e: BaseException, argv: list[str]) -> bool:
 def _results_dir(argv: list[str]) -> str:
     """The results directory the command line would use (its own overrides, else the environment's)."""
     try:
-        from harness.conf_utils import compose
-
         return str(compose([a for a in argv if not a.startswith("-") and not a.startswith("hydra")]).paths.results_dir)
     except Exception:  # noqa: BLE001 - e.g. a sweep's comma lists: the default location
         return env_setting("HARNESS_RESULTS_DIR", "results")

@@ -17,16 +17,35 @@ from harness import progress as plog
 from harness import results, search
 from harness.config import AUTOCAST, ConfigError, to_args
 from harness.data import build_data, check_budget
-from harness.evals import EvalContext, build_evaluators, check_lengths, check_suite
+from harness.evals import (
+    EvalContext,
+    build_evaluators,
+    check_lengths,
+    check_suite,
+    convergence,
+    method_limit,
+    replica_gpus,
+)
 from harness.evals import max_length as eval_max_length
-from harness.evals._progress import EvalProgress
-from harness.evals._watch import EvalOutOfMemory, oom_line, watch_lengths
+from harness.evals.eval_progress import EvalProgress
+from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
-from harness.methods._flex import AttentionArgs, set_backend
-from harness.methods._persist import save as save_model
-from harness.models import build_model, check_device, check_fits, hf_config, reposition
+from harness.methods.flex import AttentionArgs, set_backend
+from harness.methods.persist import save as save_model
+from harness.models import (
+    DTYPES,
+    build_model,
+    check_device,
+    check_fits,
+    checkpoint_shape,
+    gpus_of,
+    hf_config,
+    reposition,
+    visible_gpus,
+)
 from harness.safe import NonFinite, UnsafeName, check_finite, check_name
 from harness.train import TrainArgs
+from harness.train.checkpoint import share
 from harness.train.step import check_finite_weights
 
 
@@ -150,8 +169,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.j
 def check_model_files(cfg_model) -> None:
     """Before the model loads: ``model.dtype`` is a weights dtype, and a local ``model.path`` folder holds a
     tokenizer (else transformers' message, cut to one line, ends mid-list)."""
-    from harness.models import DTYPES
-
     dtype = cfg_model.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype: unknown weights dtype {dtype!r} (valid: {', '.join(DTYPES)})")
@@ -209,14 +226,12 @@ def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=N
                 check_group(handle, suite, grp)
     else:
         for key, ev in zip(suite.nodes, suite.evaluators):
-            check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False),
+            check_fits(handle, eval_max_length(ev), generates=ev.spec.generates,
                        key=f"eval.suite.{key}")
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
     if train is not None and train.enabled and train.convergence_check:
-        from harness.evals import convergence
-
         # the gate's own held-out prompts and books, derived from the run seed (never the suite's)
         tg = plog.stage("convergence gate, the base at C")
         handle.info["baseline_at_C"] = convergence.measure(handle, run_seed=int(cfg.seed),
@@ -264,8 +279,7 @@ def placement(cfg, suite: Suite, method, device) -> dict:
     """``{entry: {L: GPUs one replica spans}}`` for every evaluator and length of ``suite``: the rule of
     ``harness.evals.replica_gpus`` -- the one ``make plan`` uses -- with the checkpoint's shape and ``device``'s free
     memory, capped at the GPUs visible from ``device``; ``{}`` off a GPU or with one visible."""
-    from harness.evals import method_limit, replica_gpus
-    from harness.models import available_memory, checkpoint_shape, visible_gpus
+    from harness.models import available_memory  # at call time: the tests stand in a node's free memory
 
     visible = visible_gpus(device)
     free = available_memory(device) if visible > 1 else None
@@ -287,7 +301,7 @@ def eval_groups(suite: Suite, place: dict) -> list[EvalGroup]:
     out = []
     for key, ev in zip(suite.nodes, suite.evaluators):
         at = place.get(key) or {}
-        if getattr(ev, "by_length", False) and len(set(at.values())) > 1:
+        if ev.spec.splits(ev.args) and len(set(at.values())) > 1:
             for g in sorted(set(at.values())):
                 out.append(EvalGroup(key, tuple(L for L in at if at[L] == g), g))
         else:
@@ -303,7 +317,7 @@ def group_suite(suite: Suite, grp: EvalGroup) -> Suite:
 def check_group(handle, suite: Suite, grp: EvalGroup) -> None:
     """``check_fits`` of the group's longest input on the model as it is placed."""
     ev = group_suite(suite, grp).evaluators[0]
-    check_fits(handle, eval_max_length(ev), generates=getattr(ev, "generates", False), key=f"eval.suite.{grp.key}")
+    check_fits(handle, eval_max_length(ev), generates=ev.spec.generates, key=f"eval.suite.{grp.key}")
 
 
 def merge_outputs(a, b):
@@ -333,7 +347,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
 
         info = launch(cfg, handle, method, a, ckpt_dir, fingerprint, Path(run_dir))
     else:
-        from harness.train.loop import finetune as single
+        from harness.train.loop import finetune as single  # at call time: the tests stand in a loop that trains nothing
 
         info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
     check_finite_weights(handle.model, f"fine-tuning ({info.get('steps', '?')} steps)")  # the last update's NaN
@@ -342,7 +356,6 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
     info.update(method.after_finetune(handle, StageContext(Path(run_dir), int(cfg.seed),
                                                            str(cfg.get("autocast", "auto")), search)) or {})
     if "baseline_at_C" in handle.info:  # the convergence gate: adapted to the method, or an unfinished recipe?
-        from harness.evals import convergence
 
         tg = plog.stage("convergence gate, the fine-tuned model at C")
         tuned = convergence.measure(handle, method, run_seed=int(cfg.seed),
@@ -354,8 +367,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
     out = Path(run_dir) / "checkpoint"
     tg = plog.stage("checkpoint", str(out))
     save_model(handle.model, out, handle.tokenizer)  # the method kept: a standard config, or recorded and refused
-    save_method(out, method)  # by plain transformers (harness.methods._persist)
-    from harness.train.checkpoint import share
+    save_method(out, method)  # by plain transformers (harness.methods.persist)
 
     share(out)  # safetensors writes the weights 0600: teammates read them as they read rows (the umask's mode)
     plog.done("checkpoint", tg)
@@ -371,12 +383,12 @@ NOT_IN_RESUME_KEY = {"data": ("cache_dir", "max_tokens", "scale", "larger"),
 def resume_key(cfg) -> str:
     """The key of a fine-tune's resumable checkpoints: the groups that change the weights (model, method, data,
     train; bookkeeping keys left out) and the training code's version (``harness.codeversion``)."""
-    from harness.codeversion import train_code_version
-
     groups = {}
     for g in ("model", "method", "data", "train"):
         node = OmegaConf.to_container(cfg[g], resolve=True)
         groups[g] = {k: v for k, v in node.items() if k not in NOT_IN_RESUME_KEY.get(g, ())}
+    from harness.codeversion import train_code_version  # at call time: the tests stand in another code version
+
     return results.config_hash({**groups, "code": train_code_version()})
 
 
@@ -448,7 +460,6 @@ def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
     replica spans g of them: ``gpus``, else the loaded model's; 1 on CPU) or an integer >= 1, resolved; one line
     naming the key otherwise."""
     from harness.eval_distributed import resolve_world_size
-    from harness.models import gpus_of
 
     if gpus is None:
         gpus = gpus_of(handle) if handle is not None else 1
@@ -456,8 +467,8 @@ def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
 
 
 def eval_version(ev) -> int:
-    """An evaluator's ``version`` class attribute (1 when it has none: files written before versions existed)."""
-    return int(getattr(ev, "version", 1))
+    """The version an evaluator declares (``spec.version``)."""
+    return int(ev.spec.version)
 
 
 def evaluate(cfg, handle, method, run, suite: Suite | None = None, on_result=None, progress=None) -> None:

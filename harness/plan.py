@@ -52,31 +52,18 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import memory
+from harness.conf_utils import checkpoint_config
+from harness.config import ConfigError, to_args
+from harness.device import fast_bf16_cpu, resolve_device
+from harness.evals import build_evaluators, method_limit, replica_gpus
+from harness.methods import build_method
+from harness.models import MODELS
+from harness.train import TrainArgs
 from harness.train.checkpoint import KEEP_LAST
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
-# Shapes of the models the cluster configs name (their HF config.json; local directories are read instead).
-_LLAMA2_7B = dict(layers=32, hidden=4096, mlp=11008, heads=32, kv_heads=32, head_dim=128, vocab=32000, mlp_mats=3,
-                 tied=False)  # meta-llama/Llama-2-7b-hf config.json
-# Shapes of the checkpoints the cluster configs name, by hub id (their config.json, for a plan made where the weights
-# are not: a local folder or a hub id in the local cache is read instead). The controlled study's released
-# checkpoints (conf/model/lceg/) are LLaMA2-7B fine-tuned.
-SHAPES = {
-    "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
-    "microsoft/phi-2": dict(layers=32, hidden=2560, mlp=10240, heads=32, kv_heads=32, head_dim=80, vocab=51200,
-                            mlp_mats=2, tied=False),  # GELU MLP: 2 matrices
-    "meta-llama/Llama-3.1-8B": dict(layers=32, hidden=4096, mlp=14336, heads=32, kv_heads=8, head_dim=128,
-                                    vocab=128256, mlp_mats=3, tied=False),
-    "Qwen/Qwen2.5-7B": dict(layers=28, hidden=3584, mlp=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064,
-                            mlp_mats=3, tied=False),
-    "mistralai/Mistral-7B-v0.1": dict(layers=32, hidden=4096, mlp=14336, heads=32, kv_heads=8, head_dim=128,
-                                      vocab=32000, mlp_mats=3, tied=False),
-    **{f"Leooyii/{n}": _LLAMA2_7B for n in ("PI_32k_Slimpajama_1B", "NTK_32k_Slimpajama_1B", "NTK_64k_Slimpajama_1B",
-                                           "NTK_64k_Slimpajama_2B", "YaRN_32k_Slimpajama_1B",
-                                           "Longlora_32k_Slimpajama_1B", "Landmark_512_Slimpajama_1B")},
-}
 GPU_PEAK_BF16 = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core FLOP/s (data sheets)
 GPU_MEMORY_GIB = {"A100": 80, "H100": 80, "H200": 141}
 GPU_HBM_BYTES_PER_S = {"A100": 2.0e12, "H100": 3.35e12, "H200": 4.8e12}  # A100 80GB, H100 SXM, H200 (data sheets)
@@ -123,6 +110,9 @@ class Shape:
 
 
 def model_shape(cfg) -> Shape:
+    """The shape of the checkpoint ``cfg.model`` names: its folder's config.json, else the shape its model YAML
+    declares (``shape``: the checkpoint's config.json, for a plan made where the weights are not), else the config of
+    a hub id in the local cache."""
     m = cfg.model
     path = Path(str(m.get("path") or ""))
     if not path.is_absolute():
@@ -130,9 +120,7 @@ def model_shape(cfg) -> Shape:
     c = None
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
-    elif str(m.get("path") or "") not in SHAPES:
-        from harness.conf_utils import checkpoint_config
-
+    elif not m.get("shape"):
         try:
             c = checkpoint_config(str(m.get("path") or ""))  # a hub id in the local cache
         except ValueError:
@@ -141,11 +129,11 @@ def model_shape(cfg) -> Shape:
         sh = memory.shape_of(c)
         return Shape(sh["layers"], sh["hidden"], sh["mlp"], sh["heads"], sh["kv_heads"], sh["head_dim"], sh["vocab"],
                      sh["mlp_mats"], sh["tied"])
-    key = str(m.get("path") or "")
-    if key not in SHAPES:
-        raise ValueError(f"plan: no shape known for model {m.name!r} ({key!r} is neither a folder with a config.json, "
-                         f"a hub id in the local cache nor in harness.plan.SHAPES)")
-    return Shape(**SHAPES[key])
+    if not m.get("shape"):
+        raise ValueError(f"plan: no shape known for model {m.name!r} ({str(m.get('path') or '')!r} is neither a folder "
+                         f"with a config.json nor a hub id in the local cache, and conf/model/{m.name}.yaml declares "
+                         f"no shape)")
+    return Shape(**dict(m.shape))
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -202,7 +190,7 @@ def checkpoint_space(s: Shape, p_t: int, steps: int, save_every: int, ema: bool,
 def gen_tokens_per_prompt(ev) -> tuple[float, str]:
     """Tokens an evaluator decodes per prompt (its whole budget: an upper bound) and where the number comes from:
     its own ``gen_tokens_per_prompt()`` (harness.evals), else the first budget its ``Args`` set."""
-    if not getattr(ev, "generates", False):
+    if not ev.spec.generates:
         return 0, "no decoding"
     if hasattr(ev, "gen_tokens_per_prompt"):
         return ev.gen_tokens_per_prompt()
@@ -238,8 +226,6 @@ def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu:
 
 def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = ASSUMED_MFU,
               node_gpus: int = DEFAULT_NODE_GPUS) -> dict:
-    from harness.evals import build_evaluators, replica_gpus
-
     suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
     lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
     itemsize = 4 if str(cfg.model.get("dtype", "bfloat16")) == "float32" else 2
@@ -248,7 +234,7 @@ def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = 
         name = (node or {}).get("name") or key
         prompts, basis = ev.count_prompts(lengths, limit)  # the evaluator's own cost model (harness.evals)
         gen, gen_basis = gen_tokens_per_prompt(ev)
-        generates = bool(getattr(ev, "generates", False))
+        generates = ev.spec.generates
         # the GPUs per replica at each length: the rule run.py places the model by (harness.pipeline.placement)
         gpus_at = replica_gpus(ev, lengths, limit, s.memory_shape(), itemsize, GPU_MEMORY_GIB[gpu] * memory.GIB)
         per = {L: eval_point(s, L, n, gen, generates, gpu, mfu, node_gpus, itemsize, gpus_at.get(int(L), 0))
@@ -299,15 +285,10 @@ class PlanArgs:
 
 def point_plan(cfg, args: PlanArgs | None = None) -> dict:
     """The plan of one composed run config (one sweep point)."""
-    from harness.config import to_args
-    from harness.methods import build_method
-    from harness.train import TrainArgs
-
     args = args or PlanArgs()
     s = model_shape(cfg)
     t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     method = build_method(cfg.method)
-    from harness.evals import method_limit
 
     native = int(cfg.model.native_ctx)
     limit = method_limit(method, native)  # as run.py's placement reads it
@@ -448,10 +429,8 @@ def device_flops(device, dtype) -> float:
 
 def run_shape(cfg, config=None) -> Shape:
     """The model's shape: ``config`` (a loaded model's config, as a dict), else the checkpoint the model config
-    names (its folder, its GGUF file, a hub id in the local cache), else ``SHAPES``."""
+    names (its folder, its GGUF file, a hub id in the local cache), else the shape its model YAML declares."""
     if config is None:
-        from harness.models import MODELS
-
         name = cfg.model.get("name")
         try:
             cls, args = MODELS.args(cfg.model, f"model={name}", name=cfg.model.get("builder") or name)
@@ -477,10 +456,6 @@ def run_cost(cfg, suite, method, config=None, device=None) -> dict:
     """The estimated cost of one run (the comment above): per suite entry and length the prompts, prompt tokens,
     generated tokens and seconds; the fine-tune's tokens and seconds; the device rate it rests on."""
     import torch
-
-    from harness.config import to_args
-    from harness.device import resolve_device
-    from harness.train import TrainArgs
 
     s = run_shape(cfg, config)
     dev = device or resolve_device(str(cfg.get("device", "auto")))
@@ -522,8 +497,6 @@ def run_cost(cfg, suite, method, config=None, device=None) -> dict:
 
 
 def _cpu_bf16() -> bool:
-    from harness.device import fast_bf16_cpu
-
     return bool(fast_bf16_cpu())
 
 
@@ -556,8 +529,6 @@ def check_cost(cfg, suite, method, config=None, log=None) -> dict:
     evaluation is estimated beyond ``cost.limit_s`` seconds (0 = no limit), before the model loads. Returns the
     estimate."""
     import sys
-
-    from harness.config import ConfigError
 
     limit = OmegaConf.select(cfg, "cost.limit_s", default=DEFAULT_COST_LIMIT_S)
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:

@@ -30,7 +30,7 @@ def precheck_or_exit(argv: list[str]) -> None:
         if multirun:
             _precheck_sweep(overrides, "config", _validate_run)
         else:
-            from harness.train.deepspeed_engine import one_node_step
+            from harness.train.zero.launch import one_node_step
 
             one_node_step()  # inside a Slurm job: one node per run
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
@@ -104,7 +104,7 @@ def _submit_to_slurm(argv: list[str]) -> bool:
 
     overrides = [a for a in argv if not a.startswith("-")]
     try:
-        launcher = compose(sweeps._first_values(overrides), with_hydra=True).hydra.launcher
+        launcher = compose(sweeps.first_values(overrides), with_hydra=True).hydra.launcher
         slurm = str(launcher.get("_target_") or "").endswith("submitit_launcher.SlurmLauncher")
     except Exception:  # noqa: BLE001 - the checks below report a command line that does not compose
         return False
@@ -229,10 +229,10 @@ def _valid_keys(parent: str, overrides: list[str], config_name: str = "config") 
     """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
     import dataclasses
 
-    from harness.sweeps import _first_values  # a sweep's overrides: compose its first job
+    from harness.sweeps import first_values  # a sweep's overrides: compose its first job
 
     try:
-        node = compose(_first_values([o for o in overrides if not _unparsable(o)]), config_name=config_name)
+        node = compose(first_values([o for o in overrides if not _unparsable(o)]), config_name=config_name)
         for part in [p for p in parent.split(".") if p]:
             node = node[part]
         keys = sorted(str(k) for k in node.keys())

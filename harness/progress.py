@@ -3,7 +3,7 @@
 Every stage of a run prints one line when it starts (``stage``) and, while it runs, one line at a steady cadence
 (``Ticker``: every ``every_s`` seconds, env ``HARNESS_PROGRESS_S``, default 60; the first call always prints, so a
 stage's first unit of work shows at once). Lines start with the wall-clock time, so a log says when each stage began
-and how long it ran. The rich bars of ``harness.report`` / ``harness.evals._progress`` are drawn only on a terminal,
+and how long it ran. The rich bars of ``harness.report`` / ``harness.evals.eval_progress`` are drawn only on a terminal,
 on top of these lines, never in a pipe.
 """
 from __future__ import annotations

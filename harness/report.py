@@ -9,7 +9,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from harness import progress as plog
-from harness.evals._progress import EvalProgress  # noqa: F401 - run.py's evaluation progress, beside the training bar
+from harness.evals import EVALS
+from harness.evals.eval_progress import EvalProgress  # noqa: F401 - run.py's evaluation progress, beside the training bar
+from harness.results import read_rows_in
+from harness.stats import ppl_ratio, wilson
 
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console()  # results: the summary table and the row path
@@ -68,11 +71,9 @@ def _fmt(v, ci=None):
 def headline(row: dict, entry: str) -> str | None:
     """The metric the evaluator of suite entry ``entry`` declares as its headline (``metric``, harness.evals): the
     one its ``ci`` belongs to. None for an evaluator this harness no longer has."""
-    from harness.evals import EVALS
-
     node = ((((row.get("config") or {}).get("eval") or {}).get("suite") or {}).get(entry) or {})
     name = node.get("name") if isinstance(node, dict) else None
-    return getattr(EVALS.get(name or entry), "metric", None) if (name or entry) in EVALS else None
+    return EVALS.spec(name or entry).metric if (name or entry) in EVALS else None
 
 
 def summary(row: dict) -> Table:
@@ -109,9 +110,6 @@ def versus_base(row: dict, results_dir) -> str | None:
     newest such row in ``results_dir``), per length, with 95% intervals: passkey accuracy (Wilson) and books
     perplexity (the ratio to the base, paired Student t over the same windows). ``None`` when there is no such base
     row (``make run`` writes one first)."""
-    from harness.results import read_rows_in
-    from harness.stats import ppl_ratio, wilson
-
     if row.get("method") == "base" and not row.get("train_info"):
         return None
     cfg = row.get("config") or {}

@@ -29,8 +29,8 @@ How it fits together:
   latest attempt, ``running`` otherwise.
 - A shard's output equals the unsharded evaluator's output restricted to its length when the evaluator treats
   lengths independently (seeds per length); ``min_tokens: 0`` (ppl, yarn protocol: documents as long as the largest
-  length) is pinned to the entry's largest length so every shard scores the same documents (the longlora protocol
-  has no filter: every shard scores the same first documents anyway).
+  length) is pinned to the entry's largest length so every shard scores the same documents (its ``Spec.pins``; the
+  longlora protocol has no filter: every shard scores the same first documents anyway).
 - An evaluation shard of a fine-tuned run loads the fine-tuned weights from ``checkpoint/`` (written by the ``train``
   shard); it fails with a one-line message if the run was not trained yet.
 """
@@ -48,6 +48,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import lifecycle, pipeline, results
+from harness.conf_utils import compose
+from harness.config import ConfigError
 
 SHARD_KEY = "shard"
 
@@ -85,7 +87,7 @@ def plan(cfg, suite: pipeline.Suite | None = None) -> list[Shard]:
         suite = pipeline.Suite.of(cfg)
     for (entry, node), ev in zip(suite.nodes.items(), suite.evaluators):
         # an evaluator that computes its lengths independently says so (``by_length``): one shard per length
-        lengths = (node or {}).get("lengths") if getattr(ev, "by_length", False) else None
+        lengths = (node or {}).get("lengths") if ev.spec.splits(ev.args) else None
         if lengths:
             out += [Shard(f"{entry}@{int(L)}", entry, int(L)) for L in lengths]
         else:
@@ -100,8 +102,6 @@ def select(cfg, spec: str, shards: list[Shard] | None = None) -> list[Shard]:
         return shards
     found = [s for s in shards if s.name == spec]
     if not found:
-        from harness.config import ConfigError
-
         raise ConfigError(f"shard {spec!r} is not in this run's plan (have: all, {', '.join(s.name for s in shards)})")
     return found
 
@@ -208,15 +208,12 @@ def _load(cfg, rdir: Path, setup: pipeline.Setup | None = None):
 
 def shard_suite(suite: pipeline.Suite, shard: Shard) -> pipeline.Suite:
     """The one-entry suite a shard evaluates, a view of the run's built ``suite`` (``Suite.only``): the entry with
-    its ``lengths`` replaced by ``[shard.length]``."""
-    node = suite.nodes[shard.entry]
-    changes: dict = {}
-    if shard.length is not None:
-        # ppl, yarn protocol: documents long enough for the largest length of the entry (longlora: no filter, LCEG)
-        if node.get("min_tokens") == 0 and node.get("protocol", "yarn") == "yarn":
-            changes["min_tokens"] = max(int(L) for L in node["lengths"])
-        changes["lengths"] = [shard.length]
-    return suite.only(shard.entry, **changes)
+    its ``lengths`` replaced by ``[shard.length]`` and what its evaluator says a one-length shard keeps of the whole
+    entry (``Spec.shard``: PPL's yarn protocol, the document filter of the entry's largest length)."""
+    if shard.length is None:
+        return suite.only(shard.entry)
+    ev = suite.evaluators[list(suite.nodes).index(shard.entry)]
+    return suite.only(shard.entry, **ev.spec.shard(ev.args, shard.length))
 
 
 def _evaluate(cfg, rdir: Path, shard: Shard, handle, method, suite: pipeline.Suite) -> tuple[dict, int]:
@@ -280,8 +277,6 @@ def run(cfg, log=print) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m harness.shards plan <overrides>``: print the run id, its directory and every shard's state."""
-    from harness.conf_utils import compose
-
     if not argv or argv[0] != "plan":
         print(__doc__.split("\n\n")[1])
         return 2

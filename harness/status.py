@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.results import age_s, liveness, read_json_file, read_rows_in, studies, study_dir
+from harness.results import age_s, liveness, pid_alive, read_json_file, read_rows_in, studies, study_dir
 from harness.safe import env_setting, safe_file
 
 
@@ -106,8 +106,6 @@ def slurm_states(job_ids: list[str], sacct: str | None = None) -> dict[str, str]
 def local_state(submitit_folder: str, job_id: str) -> str:
     """A local-executor job: RUNNING while its process lives, else FINISHED when submitit wrote its result."""
     from submitit.core.utils import JobPaths
-
-    from harness.results import pid_alive
 
     paths = JobPaths(submitit_folder.replace("%j", job_id), job_id=job_id, task_id=0)
     if paths.result_pickle.exists():

@@ -7,7 +7,8 @@ by the tests that compose every sweep point.
 """
 from __future__ import annotations
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+import itertools
+
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -28,7 +29,7 @@ def compose(overrides: list[str], with_hydra: bool = False, config_name: str = "
     return conf_utils.compose(overrides, config_name=config_name, with_hydra=with_hydra)
 
 
-def _first_values(overrides: list[str]) -> list[str]:
+def first_values(overrides: list[str]) -> list[str]:
     """Each sweep override replaced by its first value (to compose the config that defines the sweep)."""
     parser = OverridesParser.create()
     out = []
@@ -43,7 +44,7 @@ def _first_values(overrides: list[str]) -> list[str]:
 def sweeper_params(argv: list[str], config_name: str = "config") -> list[str]:
     """``hydra.sweeper.params`` of the composed config, as override strings (resolved, as Hydra's sweeper reads
     them: ``point: ${points:tiny_study}`` is the experiment's every point)."""
-    cfg = compose(_first_values(argv), with_hydra=True, config_name=config_name)
+    cfg = compose(first_values(argv), with_hydra=True, config_name=config_name)
     node = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return [f"{k}={' '.join(str(v).split())}" for k, v in params.items()]
@@ -53,5 +54,20 @@ def expand(argv: list[str], config_name: str = "config") -> list[list[str]]:
     """Every job of ``python run.py -m <argv>`` (or of another entry point's, whose root config is ``config_name``):
     a list of override lists (the basic sweeper's order)."""
     parser = OverridesParser.create()
-    overrides = parser.parse_overrides(sweeper_params(argv, config_name) + list(argv))
-    return BasicSweeper.split_arguments(overrides, None)[0]
+    return jobs(parser.parse_overrides(sweeper_params(argv, config_name) + list(argv)))
+
+
+def jobs(overrides) -> list[list[str]]:
+    """The jobs of parsed ``overrides`` in the basic sweeper's order (Hydra's ``BasicSweeper.split_arguments``, from
+    its public override API): one list of ``key=value`` per key, in the order keys first appear (a later override of
+    a key replaces its values in that place), a discrete sweep ``a,b`` giving its values; their cartesian product."""
+    per_key: dict[str, list[str]] = {}
+    for o in overrides:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ValueError(f"{o.input_line}: the basic sweeper takes discrete sweeps (a,b,c) only")
+            per_key[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            per_key[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(x) for x in itertools.product(*per_key.values())]

@@ -11,7 +11,6 @@ from pathlib import Path
 from harness.safe import env_setting
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:

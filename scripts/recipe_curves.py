@@ -152,7 +152,7 @@ def curve(cfg, run: lifecycle.Run) -> Path:
             return
         saved = {n: p.detach().clone() for n, p in model.named_parameters()}
         if ema is not None:
-            ema.copy_to(model)
+            ema.copy_to()
         with torch.no_grad():
             evaluate(str(step), handle)
         with torch.no_grad():

@@ -1,8 +1,8 @@
-"""Fused attention backends (issue 17, ``harness/methods/_flex.py``): every fused path equals its reference on small
+"""Fused attention backends (issue 17, ``harness/methods/flex.py``): every fused path equals its reference on small
 random Llamas (grouped KV heads), fp32 logits <= 1e-5 and gradients <= 1e-4, prefill and KV-cache decoding.
 
 On CPU, flex_attention runs eagerly (torch 2.13); it has no CPU backward, so gradients go through
-``_flex.dense_attention`` (the same mask functions evaluated densely), which is itself tested equal to eager
+``flex.dense_attention`` (the same mask functions evaluated densely), which is itself tested equal to eager
 flex_attention here."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from conftest import random_llama
 from transformers import DynamicCache
 
 from harness.config import ConfigError
-from harness.methods import _flex as fx
 from harness.methods import build_method
+from harness.methods import flex as fx
 from harness.models import ModelHandle
 
 LOGITS, GRADS = 1e-5, 1e-4

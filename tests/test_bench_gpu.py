@@ -43,10 +43,11 @@ def test_bench_gpu_without_cuda_writes_nothing(tmp_path):
 
 def test_flops_per_token_is_palm_for_full_training():
     mod = bench_gpu()
-    model = mod.make_model(mod.TINY, 2, "cpu", torch.float32)
+    shape = mod.model_shape(mod.SMOKE_MODEL)
+    model = mod.make_model(shape, 2, "cpu", torch.float32)
     n = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in name)
     T = 256
-    attn = 12 * 2 * mod.TINY["heads"] * mod.TINY["head_dim"] * T
+    attn = 12 * 2 * shape["heads"] * shape["head_dim"] * T
     assert mod.flops_per_token(model, T) == 6 * n + attn
     for p in model.parameters():
         p.requires_grad_(False)

@@ -22,7 +22,7 @@ from harness.models import ModelHandle
 from harness.train import TrainArgs
 from harness.train.checkpoint import Store, load_state, save_state
 from harness.train.ema import EMA
-from harness.train.loop import _rng_state, finetune
+from harness.train.loop import finetune, rng_state
 
 KW = dict(name="t", enabled=True, seq_len=32, tokens=32 * 4 * 6, global_batch=4, micro_batch=1, lr=3e-3,
           warmup_steps=2, ema=True, ema_decay=0.5, save_every=2, seed=0, grad_clip=1.0)
@@ -55,7 +55,7 @@ def test_training_state_round_trips_without_pickle(tmp_path):
     ema = EMA(model, 0.9)
     random.random(), np.random.rand(), torch.rand(1)
     state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "ema": ema.state_dict(),
-             "rng": _rng_state()}
+             "rng": rng_state()}
     save_state(tmp_path, "s", state)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "s.safetensors"]
     back = load_state(tmp_path, "s")

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from harness import plan, report, sweeps
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs
+from harness.evals import EVALS, EvalArgs, Spec
 from harness.methods import METHODS, Method, build_method, facts
 from harness.tables import build_all
 from harness.tables import estimates as est
@@ -48,16 +48,13 @@ EVAL_PY = '''
 unlike any shipped evaluator's (ctx, hit), and its floor is a threshold no shipped evaluator uses."""
 from dataclasses import dataclass
 
-from harness.evals import EVALS, EvalArgs, lengths_within
+from harness.evals import EVALS, EvalArgs, Spec, lengths_within
 
 
 @EVALS.register("toy_eval")
 class ToyEval:
-    metric = "accuracy"
-    reader = "percent"
-    generates = True
-    records = {"length": "ctx", "score": ("hit",)}
-    floor = {"threshold": 40, "chance": 0.0, "ceiling": 100}
+    spec = Spec(metric="accuracy", reader="percent", generates=True, records={"length": "ctx", "score": ("hit",)},
+                floor={"threshold": 40, "chance": 0.0, "ceiling": 100})
 
     @dataclass
     class Args(EvalArgs):
@@ -135,18 +132,19 @@ def test_plugin_method_and_evaluator_reach_every_consumer(plugins, tmp_path):
     assert "toy_rope" not in exact_ft(paper) + approx(paper)
 
     # the tables' floor rule and record intervals: the base scores 30% at C (3 hits of 10 records, no per-sample
-    # scores in the row), below the class's threshold 40; the interval comes from the records' ctx / hit fields
+    # scores in the row), below the class's threshold 40; the interval comes from the records' ctx / hit fields;
+    # the tables' source of the new evaluator is its own (named after it, matched by the suite entry's evaluator)
     for r in rows:
         r["metrics"]["toy"] = {"accuracy": {str(C): 30.0}}
         r["config"]["eval"]["suite"]["toy"] = {"name": "toy_eval"}
         (tmp_path / "outputs" / r["run_id"] / "samples" / "toy.jsonl").write_text(
             "".join(f'{{"ctx": {C}, "hit": {int(i < 3)}}}\n' for i in range(10)))
-    spec = load_spec()
-    spec["sources"]["toy"] = {"entries": ["toy"], "evaluator": "toy_eval", "metric": "accuracy"}
-    rs = RowSet(rows, spec)
-    fl = est.floor(rs, "tiny_llama", "toy")
+    rs = RowSet(rows, load_spec())
+    assert rs.spec["sources"]["toy_eval"] == {"entries": ["toy_eval"], "evaluator": "toy_eval"}
+    assert est.metric(rs, "toy_eval") == "accuracy" and EVALS.spec("toy_eval").floor["threshold"] == 40
+    fl = est.floor(rs, "tiny_llama", "toy_eval")
     assert not fl.measurable and fl.threshold == 40 and "below the threshold 40" in fl.reason
-    x = est.at(rs, next(e for e in rs.entries if e.method == "base"), "toy", 1.0)
+    x = est.at(rs, next(e for e in rs.entries if e.method == "base"), "toy_eval", 1.0)
     assert x.value == 30.0 and x.ci is not None and x.lo < 30.0 < x.hi
 
     # the report: the new evaluator's headline metric with its interval
@@ -173,9 +171,18 @@ def test_component_without_its_facts_fails_when_it_registers(plugins):
         class Args(EvalArgs):
             pass
 
-    with pytest.raises(ConfigError, match=r"evaluator 'silent_toy' .* does not declare \['metric', 'count_prompts'\]"):
+    with pytest.raises(ConfigError, match=r"evaluator 'silent_toy' .* does not declare \['spec', 'count_prompts'\]"):
         EVALS.register("silent_toy")(Silent)
-    assert "no_such_toy" not in METHODS and "silent_toy" not in EVALS
+
+    class Untyped:  # the old loose attributes: refused, one line naming the type it needs
+        spec = {"metric": "accuracy"}
+
+        def count_prompts(self, lengths, limit):
+            return {}, ""
+
+    with pytest.raises(ConfigError, match=r"evaluator 'untyped_toy' .*: spec is a dict, not a harness.evals.Spec"):
+        EVALS.register("untyped_toy")(Untyped)
+    assert "no_such_toy" not in METHODS and "silent_toy" not in EVALS and "untyped_toy" not in EVALS
 
 
 def test_every_method_and_evaluator_declares_what_the_tables_read():
@@ -189,8 +196,8 @@ def test_every_method_and_evaluator_declares_what_the_tables_read():
         f = facts(r["key"])
         assert (f.family, "fine-tuned" if f.trains else "frozen") == (r["attention"], r["training"]), r["key"]
     for name, cls in EVALS.items():
-        assert isinstance(cls.metric, str) and callable(cls.count_prompts), name
-        assert getattr(cls, "reader", "ppl") in SHAPES, name
+        assert isinstance(cls.spec, Spec) and EVALS.spec(name) is cls.spec and callable(cls.count_prompts), name
+        assert isinstance(cls.spec.metric, str) and cls.spec.reader in (None, *SHAPES), name
 
 
 def test_no_table_outside_the_evaluators_is_keyed_by_their_names():

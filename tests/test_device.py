@@ -221,7 +221,7 @@ def test_method_runs_on_the_device(name, tiny_tokenizer, virtual_node):
     every fused call runs a compiled graph)."""
     from harness.evals.common import PrefixCache, token_nll
     from harness.methods import build_method
-    from harness.methods._flex import set_backend
+    from harness.methods.flex import set_backend
 
     handle = small_tiny(tiny_tokenizer)
     to_accelerator(handle.model)

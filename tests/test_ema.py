@@ -12,7 +12,7 @@ from harness.methods import Method, MethodArgs
 from harness.models import ModelHandle
 from harness.train import TrainArgs
 from harness.train.checkpoint import load_state, save_state
-from harness.train.deepspeed_engine import PartitionEMA
+from harness.train.deepspeed_engine import partition
 from harness.train.ema import EMA, base_share, record
 from harness.train.loop import finetune
 
@@ -26,7 +26,7 @@ def _scalar_ema(decay: float, bias_correction: bool, base: float, iterates) -> f
     for x in iterates:
         with torch.no_grad():
             m.weight.fill_(x)
-        ema.update(m)
+        ema.update()
     return ema.shadow["weight"].item()
 
 
@@ -60,35 +60,36 @@ def test_bias_corrected_average_is_adams_and_ignores_the_base():
 def test_the_record_names_decay_correction_steps_and_base_share():
     ema = EMA(torch.nn.Linear(2, 2), 0.5, bias_correction=False)
     for _ in range(3):
-        ema.update(torch.nn.Linear(2, 2))
+        ema.update()
     assert record(ema) == {"decay": 0.5, "bias_correction": False, "steps": 3, "base_share": 0.125}
     assert record(None) is None
 
 
 def test_both_engines_update_alike():
-    """The ZeRO engine's per-partition EMA (here on unpartitioned tensors) equals the single engine's, step by
-    step, with bias correction; its checkpoint state keeps the update count."""
+    """The one EMA over the ZeRO engine's partitions (``local=partition``, here unpartitioned tensors) equals the
+    single engine's, step by step, with bias correction."""
     torch.manual_seed(0)
     m = torch.nn.Linear(3, 2, bias=False)
-    single, part = EMA(m, 0.8, True), PartitionEMA([m.weight], 0.8, True)
+    single, part = EMA(m, 0.8, True), EMA([("weight", m.weight)], 0.8, True, local=partition)
     for _ in range(4):
         with torch.no_grad():
             m.weight.add_(torch.randn_like(m.weight))
-        single.update(m)
+        single.update()
         part.update()
-        assert torch.equal(single.shadow["weight"], part.shadow[0])
+        assert torch.equal(single.shadow["weight"], part.shadow["weight"])
     assert record(part) == record(single)
 
 
 def test_partition_ema_checkpoint_state_round_trips(tmp_path):
+    """A rank's EMA state (shadow and update count) through a checkpoint file (tensors + JSON)."""
     m = torch.nn.Linear(3, 2, bias=False)
-    part = PartitionEMA([m.weight], 0.8, True)
+    part = EMA(m, 0.8, True, local=partition)
     part.update()
     part.update()
-    save_state(tmp_path, "rank0", {"ema": part.state()})
-    back = PartitionEMA([m.weight], 0.8, True)
-    back.load(load_state(tmp_path, "rank0")["ema"])
-    assert back.steps == 2 and torch.equal(back.shadow[0], part.shadow[0])
+    save_state(tmp_path, "rank0", {"ema": part.state_dict()})
+    back = EMA(m, 0.8, True, local=partition)
+    back.load_state_dict(load_state(tmp_path, "rank0")["ema"])
+    assert back.steps == 2 and torch.equal(back.shadow["weight"], part.shadow["weight"])
 
 
 def _chunks(n=32, L=32, vocab=256, seed=0):

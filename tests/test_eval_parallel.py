@@ -97,16 +97,16 @@ def test_pipeline_validate_refuses_a_bad_eval_world_size():
 
 
 def test_data_parallel_attribute_is_honest():
-    """``data_parallel = True`` exactly where the evaluator's module sends its work through ``ctx.map`` /
+    """``Spec(data_parallel=True)`` exactly where the evaluator's module sends its work through ``ctx.map`` /
     ``ctx.map_blocks`` (an evaluator without it runs whole on every rank)."""
     names = EVALS.names()  # every registered evaluator (the registry imports the package's modules)
     assert {"passkey", "ppl", "niah", "ruler", "longbench", "manyshot_trec"} <= {
-        n for n in names if getattr(EVALS.get(n), "data_parallel", False)}
+        n for n in names if EVALS.spec(n).data_parallel}
     for n in names:
         cls = EVALS.get(n)
         src = inspect.getsource(sys.modules[cls.__module__])
         uses = "ctx.map(" in src or "ctx.map_blocks(" in src
-        assert bool(getattr(cls, "data_parallel", False)) == uses, n
+        assert cls.spec.data_parallel == uses, n
 
 
 def _run(args, tmp_path, timeout=600):

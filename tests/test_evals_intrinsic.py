@@ -419,7 +419,7 @@ def test_largest_fitting_equals_bisection_in_fewer_probes():
             seen_ref.add(m)
             return size(m) is not None and size(m) <= budget
 
-        assert rd._largest_fitting(size_counted, budget, limit) == reference_largest_fitting(fits_ref, limit)
+        assert rd.largest_fitting(size_counted, budget, limit) == reference_largest_fitting(fits_ref, limit)
         probes_new, probes_ref = probes_new + len(seen_new), probes_ref + len(seen_ref)
     assert probes_new < 0.75 * probes_ref
 

@@ -1,5 +1,5 @@
 """The fused attention backend as CUDA runs it -- ``torch.compile(flex_attention)`` and ``torch.compile(
-create_block_mask)``, once per process (``harness.methods._flex.kernels``) -- under dynamo's own guards, on the CPU:
+create_block_mask)``, once per process (``harness.methods.flex.kernels``) -- under dynamo's own guards, on the CPU:
 the CPU stands in as the accelerator (``harness.device.ACCELERATOR``) and the compile backend is ``eager`` with a
 counter (the traced graphs run as they are). Prefill, decoding and prefix reuse at several lengths, for several
 methods in one process: no compilation after a method's first length, and no call that runs outside a compiled graph
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.methods import _flex
+from harness.methods import flex
 from tests.conftest import random_llama
 from tests.virtual_node import KernelStats
 
@@ -25,14 +25,14 @@ def cuda_policy_on_cpu(monkeypatch):
     torch._dynamo.reset()  # dynamo's cache is per code object: nothing left from another test or backend
     stats = KernelStats()
     monkeypatch.setattr(harness.device, "ACCELERATOR", "cpu")
-    monkeypatch.setattr(_flex, "KERNEL_BACKEND", stats.backend)
-    real = _flex.run_kernel
+    monkeypatch.setattr(flex, "KERNEL_BACKEND", stats.backend)
+    real = flex.run_kernel
 
     def counted(fn, *args, **kwargs):
         stats.kernel_calls += 1
         return real(fn, *args, **kwargs)
 
-    monkeypatch.setattr(_flex, "run_kernel", counted)
+    monkeypatch.setattr(flex, "run_kernel", counted)
     yield stats
     torch._dynamo.reset()
 
@@ -49,7 +49,7 @@ def test_flex_compiles_once_per_pattern_not_per_length_or_method(cuda_policy_on_
     for name, kw in settings.items():
         model = random_llama(kv_heads=2, ctx=32, layers=1)
         handle = ModelHandle(model, None, "random", 32, {"rotary_dim": 16})
-        _flex.set_backend(model, "auto")
+        flex.set_backend(model, "auto")
         build_method({"name": name, **kw}).apply(handle)
         gen = PrefixCache(model, "float32")
         after = []

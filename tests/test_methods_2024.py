@@ -24,7 +24,7 @@ from harness import conf_utils, pipeline
 from harness.config import ConfigError
 from harness.methods import METHODS, build_method
 from harness.methods import _blockwise as bw
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 from harness.methods.streaming_llm import StreamingLLM
 from harness.methods.string import CODE_ATTENTION_FACTOR, String, relative_positions
 from harness.models import ModelHandle

@@ -168,7 +168,7 @@ def test_dca_batch_with_right_and_left_padding():
 def test_dca_flex_backend_equals_reference_prefill_and_decode():
     from transformers import DynamicCache
 
-    from harness.methods import _flex as fx
+    from harness.methods import flex as fx
 
     ids = torch.randint(3, 250, (2, 130), generator=torch.Generator().manual_seed(9))
     am = torch.ones(2, 130, dtype=torch.long)
@@ -312,7 +312,7 @@ def test_pose_one_training_step(tmp_path):
 
 
 def test_pose_train_mode_leaves_harness_causal_while_training():
-    from harness.methods._flex import CAUSAL_NAME, set_backend
+    from harness.methods.flex import CAUSAL_NAME, set_backend
 
     model = random_llama(kv_heads=2)
     h = handle_of(model)

@@ -3,11 +3,13 @@ pin the formulas to hand-computed values and check that the throughput's source 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, load_file_module
 
 from harness import plan
+from harness.conf_utils import group_defaults
 from harness.evals.ppl import ASSUMED_DOC_TOKENS
 
 
@@ -21,7 +23,7 @@ def table1():
 
 
 def test_llama2_shape_is_the_published_parameter_count():
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     assert s.params == 6_738_415_616  # LLaMA-2-7B
     assert s.matmul_params == s.params - s.embed - (2 * 32 + 1) * 4096
 
@@ -29,7 +31,7 @@ def test_llama2_shape_is_the_published_parameter_count():
 def test_table1_points_tokens_memory_flops(table1):
     rows = {r["row"]: r for r in table1["points"]}
     assert len(rows) == 12 and {"LLaMA2", "PI", "LongLoRA", "Landmark", "NTK-64K-2B"} <= set(rows)
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     pi = rows["PI"]["train"]
     assert pi["seq_len"] == 32768 and pi["steps"] == 10**9 // (32 * 32768) == 953
     assert pi["tokens"] == 953 * 32 * 32768 and pi["world_size"] == 8
@@ -89,7 +91,7 @@ GIB = 2**30
 def test_niah_at_128k_needs_two_gpus_and_every_length_has_its_peak(table1):
     """The issue: NIAH to 128k does not fit one 80 GB A100 (KV cache 62.5 GiB + weights 12.6 GiB + prefill), so the
     plan puts it on 2 GPUs (model parallel); 64k fits one. Every evaluator and length carries its peak memory."""
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     pi = {r["row"]: r for r in table1["points"]}["PI"]["eval"]
     niah = pi["niah"]["lengths"]
     assert max(niah) == 128000 and len(niah) == 40
@@ -113,7 +115,7 @@ def test_niah_at_128k_needs_two_gpus_and_every_length_has_its_peak(table1):
 def test_evaluation_gpu_hours_count_generated_tokens(table1):
     """Decoding is memory-bandwidth bound: per generated token, weights + KV cache at L read at the A100's HBM
     bandwidth x the assumed efficiency; generated tokens per prompt from each evaluator's settings."""
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     row = {r["row"]: r for r in table1["points"]}["PI"]
     ev = row["eval"]
     assert ev["passkey"]["gen_tokens_per_prompt"] == 8 and ev["niah"]["gen_tokens_per_prompt"] == 50
@@ -155,15 +157,19 @@ def test_h200_holds_niah_at_128k_on_one_gpu_and_the_plan_prints_it(capsys):
 
 
 def test_every_hub_model_yaml_has_a_shape_for_the_plan():
-    """A cluster plan needs each hub model's shape where the weights are not: every model YAML with a hub id has
-    one (by hub id: the shape is a fact of the checkpoint)."""
+    """A cluster plan needs each hub model's shape where the weights are not: every model YAML with a hub id declares
+    it (``shape``: a fact of the checkpoint, in the model's own YAML), and the plan reads it from there."""
     import yaml
 
     from harness.conf_utils import CONF_DIR
+    from harness.plan import Shape
 
-    ids = [yaml.safe_load(p.read_text()).get("path") for p in sorted((CONF_DIR / "model").rglob("*.yaml"))]
-    hub_ids = [i for i in ids if isinstance(i, str) and "/" in i and not i.startswith(("/", "."))]
-    assert len(hub_ids) >= 12 and all(i in plan.SHAPES for i in hub_ids), [i for i in hub_ids if i not in plan.SHAPES]
+    nodes = [yaml.safe_load(p.read_text()) for p in sorted((CONF_DIR / "model").rglob("*.yaml"))]
+    hub = [n for n in nodes if isinstance(n.get("path"), str) and "/" in n["path"]
+           and not n["path"].startswith(("/", "."))]
+    assert len(hub) >= 12 and all(Shape(**n["shape"]).params > 0 for n in hub if "shape" in n), hub
+    assert not [n["name"] for n in hub if "shape" not in n]
+    assert "Leooyii/" not in Path(plan.__file__).read_text() and "meta-llama/" not in Path(plan.__file__).read_text()
 
 
 # ------------------------------------------------------------------------------ checkpoint space (issue 32, item 3)
@@ -172,7 +178,7 @@ def test_checkpoint_space_per_point_and_for_the_sweep(table1):
     partitions); at the peak the kept saves plus the one being written, plus the final bf16 weights."""
     from harness.train.checkpoint import KEEP_LAST
 
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     rows = {r["row"]: r for r in table1["points"]}
     pi = rows["PI"]["train"]["checkpoints"]
     save = 2 * s.params + 12 * s.params + 4 * s.params
@@ -196,7 +202,7 @@ def test_checkpoint_space_follows_the_recipe(capsys):
     shorter than two saves holds fewer at its peak. `make plan` prints the formula and the sweep's total."""
     from harness.train.checkpoint import KEEP_LAST
 
-    s = plan.Shape(**plan.SHAPES["meta-llama/Llama-2-7b-hf"])
+    s = plan.Shape(**group_defaults("model", "llama2_7b")["shape"])
     kept = plan.checkpoint_space(s, s.params, steps=953, save_every=50, ema=True, keep=True)
     assert kept["kept_after"] == KEEP_LAST and kept["after_gb"] == round(
         (KEEP_LAST * 18 * s.params + 2 * s.params) / 1e9, 1)

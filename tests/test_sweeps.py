@@ -245,3 +245,20 @@ def test_requeued_job_keeps_its_row(results_env):
     again = lifecycle.start(cfg, run_dir=d)
     assert first.row["run_id"] == again.row["run_id"]
     assert len(list((results_env / "results" / "runs").glob("*.json"))) == 1
+
+
+def test_jobs_are_the_basic_sweepers():
+    """``sweeps.jobs`` (the public override API, no ``hydra._internal`` in the harness) gives Hydra's basic sweeper's
+    jobs in its order: keys in first-appearance order, a later override of a key replacing its values in place."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.sweeps import jobs
+
+    parser = OverridesParser.create()
+    for argv in (["method=pi,yarn", "seed=0,1", "train=none"], ["a=1", "b=x,y", "a=2,3"], ["+e@eval.suite.t=toy"],
+                 ["lr=range(1,4)", "b=q"], ["model=tiny_llama", "method=choice(pi,yarn)", "eval.lengths=[1,2]"]):
+        ov = parser.parse_overrides(argv)
+        assert jobs(ov) == BasicSweeper.split_arguments(ov, None)[0], argv
+    with pytest.raises(ValueError, match="discrete sweeps"):
+        jobs(parser.parse_overrides(["lr=interval(0,1)"]))

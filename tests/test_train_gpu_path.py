@@ -19,6 +19,7 @@ from conftest import ROOT
 
 from harness.train import Preempted, Terminated, TrainArgs
 from harness.train import deepspeed_engine as de
+from harness.train.ema import EMA
 
 CUDA = torch.device("cuda", 0)
 
@@ -66,11 +67,11 @@ def test_gather_of_zero3_partitions_on_the_gpu(nccl_like):
     """The final gather of the (EMA) partitions all-gathers GPU tensors and rebuilds the parameter's shape."""
     with nccl_like:
         p = _zero3_param(nccl_like, (5, 3))
-        full = de._gather_full(p, p.ds_tensor, CUDA)
+        full = de.gather_full(p, p.ds_tensor, CUDA)
         assert full.shape == (5, 3) and full.device == CUDA
-        ema = de.PartitionEMA([p], 0.9)
-        assert ema.shadow[0].device == CUDA and ema.shadow[0].dtype == torch.float32
-        full = de._gather_full(p, ema.shadow[0], CUDA)
+        ema = EMA([("w", p)], 0.9, local=de.partition)
+        assert ema.shadow["w"].device == CUDA and ema.shadow["w"].dtype == torch.float32
+        full = de.gather_full(p, ema.shadow["w"], CUDA)
         assert full.shape == (5, 3) and full.device == CUDA
 
 
@@ -79,9 +80,10 @@ def test_ema_read_back_from_a_checkpoint_lives_with_its_partition(nccl_like):
     first EMA update after resuming mixes devices."""
     with nccl_like:
         p = _zero3_param(nccl_like, (4, 4))
-        ema = de.PartitionEMA([p], 0.9)
-        ema.load({"shadow": [torch.zeros(8, dtype=torch.float32)], "steps": 3})  # as checkpoint.load_state gives
-        assert ema.shadow[0].device == CUDA and ema.shadow[0].shape == (8,)
+        ema = EMA([("w", p)], 0.9, local=de.partition)
+        state = {"decay": 0.9, "bias_correction": False, "steps": 3, "shadow": {"w": torch.zeros(8)}}
+        ema.load_state_dict(state)  # as checkpoint.load_state gives it: on the CPU
+        assert ema.shadow["w"].device == CUDA and ema.shadow["w"].shape == (8,)
 
 
 # ------------------------------------------------------------------------------------------ optimizer on GPU

@@ -56,7 +56,7 @@ def test_the_virtual_node_resolves_the_cluster_defaults(virtual_node, tokenizer)
     split model); the free memory is the capacity minus what lives there."""
     from harness.device import resolve_device
     from harness.eval_distributed import resolve_world_size
-    from harness.methods._flex import CAUSAL_NAME, resolve, set_backend
+    from harness.methods.flex import CAUSAL_NAME, resolve, set_backend
     from harness.models import available_memory, place
 
     assert resolve_device("auto") == gpu(0) and resolve_device("cuda:1") == gpu(1)
@@ -134,7 +134,7 @@ def test_paper_evaluator_on_a_model_split_over_two_gpus(name, virtual_node, toke
     outputs as on one device. Before the labels followed the logits, ``token_nll`` raised "Expected all tensors to
     be on the same device" here (PPL, NLL by position)."""
     from harness.methods import build_method
-    from harness.methods._flex import set_backend
+    from harness.methods.flex import set_backend
     from harness.models import place
 
     method = build_method(group_defaults("method", "base"))

@@ -13,6 +13,8 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from harness.train import deepspeed_engine as de
+from harness.train.zero import launch as zero_launch
+from harness.train.zero import rank as zero_rank
 from tests.conftest import random_llama
 from tests.virtual_node import allocated, gpu, on_gpus, to_accelerator
 
@@ -103,10 +105,10 @@ def test_a_training_rank_steps_on_its_gpu_under_an_nccl_like_group(nccl_like_nod
     monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: None)  # the group above is the rank's
     monkeypatch.setattr(deepspeed, "initialize", lambda model, model_parameters, optimizer, lr_scheduler, config:
                         (PlainEngine(model, optimizer, lr_scheduler, config), optimizer, None, None))
-    monkeypatch.setattr(de, "watch_launcher", lambda: None)  # no parent process to watch here
+    monkeypatch.setattr(zero_rank, "watch_launcher", lambda: None)  # no parent process to watch here
     reduced = []
-    real = de.reduce_step
-    monkeypatch.setattr(de, "reduce_step", lambda *a: reduced.append(a[-1]) or real(*a))
+    real = zero_rank.reduce_step
+    monkeypatch.setattr(zero_rank, "reduce_step", lambda *a: reduced.append(a[-1]) or real(*a))
     with nccl_like_node:
         info = de.train_rank(spec)
     assert reduced == [gpu(0)]  # the collective's tensor lived on the rank's GPU
@@ -139,7 +141,7 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
         (final / "info.json").write_text(json.dumps({"steps": 1}))
         return 0
 
-    monkeypatch.setattr(de, "train_job", ranks)
+    monkeypatch.setattr(zero_launch, "train_job", ranks)
     a = TrainArgs(name="t", enabled=True, engine="deepspeed", world_size=2, seq_len=32, tokens=64, global_batch=2,
                   micro_batch=1, lr=1e-3, warmup_steps=1, ema=False, autocast="float32", save_every=0)
     cfg = OmegaConf.create({"model": {"name": "random"}, "train": {"name": "t"}})

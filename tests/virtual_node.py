@@ -20,7 +20,7 @@ catch.
 GPUs, and ``harness.device.ACCELERATOR`` -- the device type the harness treats as a GPU, its one seam -- is the
 emulated type, so every "is this a GPU" decision of the harness goes the CUDA way. What is not emulated: CUDA
 kernels (a compiled flex_attention runs with dynamo's own guards and the ``eager`` backend on the CPU data, through
-``harness.methods._flex``'s kernel hook), bf16 autocast (torch has none for this device type: float32), streams.
+``harness.methods.flex``'s kernel hook), bf16 autocast (torch has none for this device type: float32), streams.
 """
 from __future__ import annotations
 
@@ -284,22 +284,22 @@ class VirtualNode:
 
         # accelerate asks nvidia-smi whether the GPUs talk peer to peer: the node's answer, not a process
         monkeypatch.setattr(accelerate.big_modeling, "check_cuda_p2p_ib_support", lambda: True)
-        from harness.methods import _flex
+        from harness.methods import flex
 
-        monkeypatch.setattr(_flex, "KERNEL_BACKEND", self.kernels.backend)
-        monkeypatch.setattr(_flex, "run_kernel", self.run_kernel)
+        monkeypatch.setattr(flex, "KERNEL_BACKEND", self.kernels.backend)
+        monkeypatch.setattr(flex, "run_kernel", self.run_kernel)
         return self
 
     def run_kernel(self, fn, *args, **kwargs):
-        """``harness.methods._flex.run_kernel`` on this node: the kernel (the compiled flex_attention or
+        """``harness.methods.flex.run_kernel`` on this node: the kernel (the compiled flex_attention or
         create_block_mask the harness chose for a GPU, with this node's counting ``eager`` backend) runs on the CPU
         data behind the emulated GPU, after checking that every tensor it reads -- the mask function's captured
         tensors too -- is on that one GPU (a CPU tensor captured in a mask fails on CUDA as well). A block mask made
         here stays on the CPU, marked with its GPU. With gradients (training: torch has no CPU flex backward) the
-        same mask is evaluated densely on the device, ``_flex.dense_attention``, as the CPU path does."""
+        same mask is evaluated densely on the device, ``flex.dense_attention``, as the CPU path does."""
         from torch.nn.attention.flex_attention import AuxOutput, BlockMask
 
-        from harness.methods import _flex
+        from harness.methods import flex
 
         self.kernels.kernel_calls += 1
         where: list = []
@@ -320,7 +320,7 @@ class VirtualNode:
             q, k, v = args[:3]
             if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
                 self.kernels.kernel_calls -= 1  # not a kernel call: the dense evaluation, on the device
-                out, lse = _flex.dense_attention(q, k, v, bm.virtual_mask, kwargs.get("scale"))
+                out, lse = flex.dense_attention(q, k, v, bm.virtual_mask, kwargs.get("scale"))
                 return (out.to(q.dtype), AuxOutput(lse=lse)) if kwargs.get("return_aux") is not None \
                     else out.to(q.dtype)
         cpu_kwargs = {k: (CPU if isinstance(v, torch.device) else v) for k, v in kwargs.items()}

@@ -3,8 +3,8 @@
 An evaluator class has an ``Args`` dataclass (validated against its YAML) and ``run(handle, method, ctx)``
 returning a JSON-able dict of metrics: ``{"metric": {length: value}, ...}`` plus whatever the tables need. Lengths
 the method cannot serve are reported under ``"skipped"`` with a reason, never silently dropped. Per-sample records
-go to ``ctx.samples_path(name)`` (JSONL beside the row). A class attribute ``version`` (int; 1 when absent) is
-recorded per suite entry in the row (``eval_versions``): bump it when a change alters the evaluator's numbers.
+go to ``ctx.samples_path(name)`` (JSONL beside the row). Its ``spec.version`` is recorded per suite entry in the row
+(``eval_versions``): bump it when a change alters the evaluator's numbers.
 
 Before anything loads, ``check_suite`` refuses impossible settings with one line naming the key and the valid
 range: evaluation lengths that are not positive integers or exceed :data:`MAX_EVAL_WINDOWS` x the native window C,
@@ -12,41 +12,26 @@ and whatever an evaluator's own ``check(native_ctx, where)`` / ``check_data(wher
 directory that is missing, empty or not text). ``max_length()`` (the longest input an evaluator builds) feeds the
 memory check made once the model is loaded (``harness.models.check_fits``).
 
-What the rest of the harness knows about an evaluator is declared on its class, never in a table keyed by its
-name (the registry refuses a class without ``metric`` and ``count_prompts`` when it registers):
-
-- ``metric``: the headline metric of its output (``{"accuracy": {length: value}}``), the one its ``ci`` belongs to
-  (the console summary, ``harness.report``; the tables' floors and columns);
-- ``count_prompts(lengths, limit) -> ({length: prompts}, basis)``: the plan's cost model (``harness.plan``): inputs per
-  length, given the eval's default ``lengths`` and the method's longest supported length ``limit`` (None =
-  unbounded), and a line saying what the count rests on (an ASSUMPTION where the data is not at hand);
-- ``by_length`` (default False): its lengths are computed independently (seeds per length), so the shards
-  (``harness.shards``) may split it into one shard per length and merge the outputs exactly;
-- ``reader`` (optional): how the tables read one length's number with its interval, by the shape of the output
-  (``harness.tables.estimates.SHAPES``: ``proportion``, ``niah``, ``ruler``, ``ppl``, ``percent``);
-- ``extended`` (optional): its column title in the 2024-benchmarks table (``harness.tables.build.extended_table``);
-- ``records`` (optional): the fields of its per-sample records that the tables read for a bootstrap interval when a
-  row keeps no per-sample scores (``harness.tables.samples``): ``length`` (the field giving the length, or the shot
-  count), ``task`` (the task, where its number is a mean over tasks), ``score`` (the per-sample score: a tuple of
-  field names, the first one a record has is used);
-- ``floor`` (optional): when the tables call it "not measurable at this scale" (``harness.tables.estimates.floor``),
-  in its own units: the frozen base model scores below ``threshold`` at the native window C, or every method scores
-  at most ``chance`` everywhere, or at least ``ceiling`` everywhere;
-- ``gen_tokens_per_prompt() -> (tokens, basis)`` (optional, for an evaluator that decodes): the plan's decode
-  budget per prompt and what it rests on; without it the plan reads ``gen_tokens`` / ``max_new_tokens`` /
-  ``max_gen`` from its ``Args`` (``harness.plan.gen_tokens_per_prompt``).
+What the rest of the harness knows about an evaluator is declared once on its class, never in a table keyed by its
+name: ``spec = Spec(...)`` (:class:`Spec`, a frozen dataclass: its headline ``metric``, the tables' ``reader``,
+``records``, ``floor`` and ``extended`` column, whether it splits ``by_length``, ``generates``, runs ``data_parallel``,
+its ``version``) and its cost model, the method ``count_prompts(lengths, limit) -> ({length: prompts}, basis)``
+(optionally ``gen_tokens_per_prompt() -> (tokens, basis)``). Consumers read them through the registry
+(``EVALS.spec(name)``) or an instance (``ev.spec``), never with a default of their own; the registry refuses a class
+without them when it registers.
 
 Data-parallel evaluation (``eval_world_size`` > 1, ``harness.eval_distributed``): every rank runs the same evaluator
 on its own replica with an ``EvalContext`` that knows its ``rank`` and ``world_size``. ``ctx.map(fn, items)`` (or
 ``ctx.map_blocks`` for batched work) gives each rank one contiguous block of ``items`` and returns the full ordered
 list of results on every rank, so everything after it (scores, intervals, records) is computed from the same list as
 in a single process. Only the main rank writes (``ctx.is_main``; :func:`write_jsonl` writes nothing in the other
-ranks). An evaluator whose prompt loop goes through ``ctx.map`` says so with ``data_parallel = True``; one without it
+ranks). An evaluator whose prompt loop goes through ``ctx.map`` says so (``Spec(data_parallel=True)``); one without it
 runs whole on every rank (correct, no faster).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -55,15 +40,60 @@ from harness.config import ConfigError
 from harness.registry import Registry
 
 
+@dataclass(frozen=True)
+class Spec:
+    """What an evaluator declares about itself (``spec = Spec(...)`` on its class), the one place the report, the
+    plan, the shards, the pipeline and the tables read it from."""
+
+    metric: str                   # the headline metric of its output ({metric: {length: value}}), the one its ci is of
+    reader: str | None = None     # how the tables read one length's number with its interval, by the output's shape
+    #                               (harness.tables.estimates.SHAPES: proportion | niah | ruler | ppl | percent)
+    records: dict | None = None   # the fields of its per-sample records the tables read for an interval when a row
+    #                               keeps no per-sample scores (harness.tables.samples): length (the field giving the
+    #                               length or shot count), task (where its number is a mean over tasks), score (a
+    #                               tuple of field names: the first one a record has)
+    floor: dict | None = None     # when the tables call it "not measurable at this scale" (harness.tables.estimates
+    #                               .floor), in its own units: the frozen base below threshold at C, every method at
+    #                               most chance everywhere, or at least ceiling everywhere
+    extended: str | None = None   # its column title in the 2024-benchmarks table (harness.tables.build.extended_table)
+    by_length: bool | Callable[[Any], bool] = False  # its lengths are computed independently (seeds per length): the
+    #                               shards may split it into one shard per length and merge the outputs exactly
+    #                               (harness.shards); or a function of its Args saying so (``splits``)
+    generates: bool = False       # decodes with the KV cache of the whole prompt (the memory checks and the plan)
+    data_parallel: bool = False   # its prompt loop goes through ctx.map / ctx.map_blocks (harness.eval_distributed)
+    pins: Callable[[Any], dict] | None = None  # the settings a one-length shard keeps from the whole entry, a function
+    #                               of its Args (PPL's yarn protocol: the document filter of the entry's largest length)
+    version: int = 1              # recorded per suite entry (eval_versions): bump it when a change alters its numbers
+
+    def splits(self, args) -> bool:
+        """Whether an evaluator with settings ``args`` may run as one shard per length (``by_length``)."""
+        return bool(self.by_length(args) if callable(self.by_length) else self.by_length)
+
+    def shard(self, args, length: int) -> dict:
+        """The settings of the one-length shard at ``length`` of an evaluator with settings ``args`` (``pins``)."""
+        return {**(self.pins(args) if self.pins is not None else {}), "lengths": [int(length)]}
+
+
 def _check_declarations(name: str, cls) -> None:
     """Registration check of ``EVALS``: the declarations every evaluator makes (module docstring)."""
-    missing = [a for a in ("metric", "count_prompts") if not hasattr(cls, a)]
+    missing = [a for a in ("spec", "count_prompts") if not hasattr(cls, a)]
     if missing:
         raise ConfigError(f"evaluator {name!r} ({getattr(cls, '__module__', '?')}) does not declare {missing} "
-                          f"(harness.evals: the headline metric and the plan's cost model)")
+                          f"(harness.evals: spec = Spec(metric=...), what it is, and the plan's cost model)")
+    if not isinstance(cls.spec, Spec):
+        raise ConfigError(f"evaluator {name!r} ({getattr(cls, '__module__', '?')}): spec is a "
+                          f"{type(cls.spec).__name__}, not a harness.evals.Spec")
 
 
-EVALS: Registry = Registry("evaluator", "harness.evals", check=_check_declarations)
+class Evaluators(Registry):
+    """The evaluator registry: a registered class's declarations by its name (``spec``)."""
+
+    def spec(self, name: str) -> Spec:
+        """What evaluator ``name`` declares (:class:`Spec`)."""
+        return self.get(name).spec
+
+
+EVALS: Evaluators = Evaluators("evaluator", "harness.evals", check=_check_declarations)
 MAX_EVAL_WINDOWS = 1024  # the longest evaluation length: this many native windows (LLaMA2: 4M tokens; tiny: 262k)
 
 
@@ -169,14 +199,12 @@ def set_writer(main: bool) -> None:
 class Evaluator(Protocol):
     """The contract of a registered evaluator: an ``Args`` dataclass (``EvalArgs`` or a subclass), built as
     ``cls(args)`` (``Registry.build``), ``run(handle, method, ctx) -> dict`` of JSON-able metrics, and its
-    declarations (module docstring: ``metric``, ``count_prompts``; optional ``by_length``, ``reader``,
-    ``extended``, ``records``, ``floor``, ``gen_tokens_per_prompt()``). Optional hooks, called when present:
-    ``check(native_ctx, where)``, ``check_data(where)``, ``max_length()``; a class attribute ``version`` (1 when
-    absent)."""
+    declarations (module docstring: ``spec``, ``count_prompts``; optional ``gen_tokens_per_prompt()``). Optional
+    hooks, called when present: ``check(native_ctx, where)``, ``check_data(where)``, ``max_length()``."""
 
     Args: ClassVar[type]
     args: Any
-    metric: ClassVar[str]
+    spec: ClassVar[Spec]
 
     def count_prompts(self, lengths: list, limit: int | None) -> tuple[dict, str]: ...
 
@@ -233,8 +261,7 @@ def replica_gpus(ev, lengths: list, limit: int | None, shape: dict, itemsize: in
     from harness.memory import replica_gpus as gpus
 
     counts, _ = ev.count_prompts(list(lengths or []), limit)
-    generates = bool(getattr(ev, "generates", False))
-    return {int(L): gpus(shape, int(L), itemsize, generates, gpu_bytes) for L in counts}
+    return {int(L): gpus(shape, int(L), itemsize, ev.spec.generates, gpu_bytes) for L in counts}
 
 
 def max_length(ev) -> int:

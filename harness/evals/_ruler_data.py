@@ -390,7 +390,7 @@ def qa_input(rng, n, template, qas, docs, index, seed):
 
 
 # --- length control -----------------------------------------------------------------------------------------------
-def _largest_fitting(size, budget: int, limit: int | None = None) -> int:
+def largest_fitting(size, budget: int, limit: int | None = None) -> int:
     """Largest m >= 1 (up to ``limit``) whose probe fits, ``size(m) <= budget``, for a ``size`` non-decreasing in m
     (``size(m)`` = the probe's token count, None when the probe cannot be built: does not fit); 0 if m = 1 does
     not fit. Same answer as doubling + bisection, in fewer tokenisations: each probe is predicted from the counts
@@ -561,7 +561,7 @@ class RulerGenerator:
         tmpl = self.template(kind)
         ttg = RULER_TASKS[kind]["tokens_to_generate"]
         build = lambda n: vt_input(random.Random(f"ruler-{self.seed}-vt-icl"), n, tmpl, cfg, is_icl=True)  # noqa
-        m = _largest_fitting(lambda m: self.count(" ".join([(b := build(5 * m))[0]] + b[1])),
+        m = largest_fitting(lambda m: self.count(" ".join([(b := build(5 * m))[0]] + b[1])),
                              self.vt_icl_length - ttg)
         text, ans = build(5 * m if m else 1)  # one noise line (split into sentences) when 5 do not fit
         return text + " " + " ".join(ans) + "\n\n"
@@ -581,7 +581,7 @@ class RulerGenerator:
             return f
 
         build0, inc, limit = self._builder(task, L, 0)
-        m_star = _largest_fitting(size(build0, inc), L - ttg, limit)
+        m_star = largest_fitting(size(build0, inc), L - ttg, limit)
         if m_star == 0:
             m_star = 1
         out = []

@@ -50,7 +50,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    split_lengths,
+    tasks_x_samples,
+    write_jsonl,
+)
 from harness.evals._ruler_data import DoesNotFit
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import BABILONG_PROMPTS, BABILONG_TEMPLATE
@@ -349,13 +358,14 @@ def read_release(files: list[Path], n: int) -> list[dict]:
 
 @EVALS.register("babilong")
 class Babilong:
-    data_parallel = True  # prompts decoded through ctx.map (each task x length)
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "ruler"  # RULER's output shape: a length's mean over tasks with its interval (0..100)
-    extended = "BABILong"  # its column in the 2024-benchmarks table
-    records = {"length": "length", "task": "task", "score": ("score", "correct")}  # samples/babilong.jsonl fields
-    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
+    spec = Spec(
+        metric="average",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="ruler",  # RULER's output shape: a length's mean over tasks with its interval (0..100)
+        records={"length": "length", "task": "task", "score": ("score", "correct")},  # samples/babilong.jsonl fields
+        floor={"threshold": 50, "chance": 0.0, "ceiling": 100},  # the tables' floor rule, 0..100
+        extended="BABILong",  # its column in the 2024-benchmarks table
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # prompts decoded through ctx.map (each task x length)
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)

@@ -47,8 +47,17 @@ import uuid
 from dataclasses import dataclass, field
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
-from harness.evals._ruler_data import DoesNotFit, RulerGenerator, _largest_fitting
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    split_lengths,
+    tasks_x_samples,
+    write_jsonl,
+)
+from harness.evals._ruler_data import DoesNotFit, RulerGenerator, largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import (
     HELMET_JSON_KV_DEMO,
@@ -137,7 +146,7 @@ class JsonKV:
 
     def samples(self, L: int, n: int, gen_tokens: int) -> list[dict]:
         budget = L - gen_tokens
-        m = _largest_fitting(lambda k: self.count(self.build(L, 0, k)["prompt"]), budget)
+        m = largest_fitting(lambda k: self.count(self.build(L, 0, k)["prompt"]), budget)
         if m == 0:
             raise DoesNotFit(f"json_kv: one key-value pair does not fit in {L} tokens with {gen_tokens} to generate")
         out = []
@@ -157,12 +166,13 @@ class JsonKV:
 
 @EVALS.register("helmet_recall")
 class HelmetRecall:
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "ruler"  # RULER's output shape: a length's mean over tasks with its interval (0..100)
-    extended = "HELMET recall"  # its column in the 2024-benchmarks table
-    records = {"length": "length", "task": "task", "score": ("score",)}  # samples/helmet_recall.jsonl fields
-    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
+    spec = Spec(
+        metric="average",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="ruler",  # RULER's output shape: a length's mean over tasks with its interval (0..100)
+        records={"length": "length", "task": "task", "score": ("score",)},  # samples/helmet_recall.jsonl fields
+        floor={"threshold": 50, "chance": 0.0, "ceiling": 100},  # the tables' floor rule, 0..100
+        extended="HELMET recall",  # its column in the 2024-benchmarks table
+        generates=True)  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)

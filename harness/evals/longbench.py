@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, lengths_within, write_jsonl
+from harness.evals import EVALS, EvalArgs, Spec, check_nonneg, lengths_within, write_jsonl
 from harness.evals import _longbench_metrics as M
 from harness.evals.common import greedy_generate
 
@@ -162,10 +162,11 @@ def rescore_file(path: str | Path, variant: str = "lceg", average: str = "catego
 
 @EVALS.register("longbench")
 class LongBench:
-    data_parallel = True  # samples generated through ctx.map (per task)
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
-    records = {"task": "task", "score": ("score",)}  # samples/longbench.jsonl fields (the tables' intervals)
+    spec = Spec(
+        metric="average",  # the headline metric (harness.evals: what an evaluator declares)
+        records={"task": "task", "score": ("score",)},  # samples/longbench.jsonl fields (the tables' intervals)
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # samples generated through ctx.map (per task)
 
     def count_prompts(self, lengths, limit):
         """{prompt budget: tasks x samples}: an upper bound (every prompt counted at the full budget)."""

@@ -32,7 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    lengths_within,
+    split_lengths,
+    write_jsonl,
+)
 from harness.evals.common import PrefixCache
 from harness.evals.templates import LONGBENCH_V2_TEMPLATE
 from harness.stats import bounded_interval
@@ -117,12 +126,13 @@ def summarize(records: list[dict]) -> dict:
 
 @EVALS.register("longbench_v2")
 class LongBenchV2:
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "percent"  # the tables read a length's accuracy in % over items
-    extended = "LongBench v2"  # its column in the 2024-benchmarks table
-    records = {"length": "length", "score": ("score",)}  # samples/longbench_v2.jsonl fields
-    floor = {"threshold": 25, "chance": 25, "ceiling": 100}  # four choices: 25% is chance
+    spec = Spec(
+        metric="accuracy",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="percent",  # the tables read a length's accuracy in % over items
+        records={"length": "length", "score": ("score",)},  # samples/longbench_v2.jsonl fields
+        floor={"threshold": 25, "chance": 25, "ceiling": 100},  # four choices: 25% is chance
+        extended="LongBench v2",  # its column in the 2024-benchmarks table
+        generates=True)  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     def count_prompts(self, lengths, limit):
         """{length: items} and its basis (every item truncated to each length)."""

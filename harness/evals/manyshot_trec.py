@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, write_jsonl
+from harness.evals import EVALS, EvalArgs, Spec, check_nonneg, check_positive, lengths_within, write_jsonl
 from harness.evals._longbench_metrics import PROMPTS, sample_score
 from harness.evals.common import greedy_generate
 from harness.evals.longbench import middle_truncate
@@ -96,10 +96,11 @@ def read_records(path: str | Path) -> list[dict]:
 
 @EVALS.register("manyshot_trec")
 class ManyShotTrec:
-    data_parallel = True  # items generated through ctx.map (per shot count)
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
-    records = {"length": "shots", "score": ("correct", "score")}  # samples/manyshot_trec.jsonl: per shot count
+    spec = Spec(
+        metric="accuracy",  # the headline metric (harness.evals: what an evaluator declares)
+        records={"length": "shots", "score": ("correct", "score")},  # samples/manyshot_trec.jsonl: per shot count
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # items generated through ctx.map (per shot count)
 
     def count_prompts(self, lengths, limit):
         """{prompt length: items}: each shot count's prompt of ``shots x ASSUMED_TOKENS_PER_SHOT`` tokens (at most

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.evals import EVALS, EvalArgs, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, Spec, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import NIAH_NEEDLE, NIAH_PROMPT, NIAH_QUESTION
 from harness.stats import bounded_interval
@@ -103,18 +103,15 @@ def grid(values, default):
 
 @EVALS.register("niah")
 class NeedleInAHaystack:
-    data_parallel = True  # prompts decoded through ctx.map
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "score"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "niah"  # the tables read a length's summed word-overlap scores over depths
-    # samples/niah.jsonl fields; lceg: the default scorer's per-sample score
-    records = {"length": "length", "score": ("score", "lceg", "correct")}
-    floor = {"threshold": 0.5, "chance": 0.0, "ceiling": 0.9167}  # LCEG word overlap: a perfect answer scores 11/12
-
-    @property
-    def by_length(self) -> bool:
-        """One shard per length, unless the LCEG grid (``context_lengths``) sets the lengths itself."""
-        return not self.args.context_lengths
+    spec = Spec(
+        metric="score",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="niah",  # the tables read a length's summed word-overlap scores over depths
+        # samples/niah.jsonl fields; lceg: the default scorer's per-sample score
+        records={"length": "length", "score": ("score", "lceg", "correct")},
+        floor={"threshold": 0.5, "chance": 0.0, "ceiling": 0.9167},  # LCEG word overlap: a perfect answer scores 11/12
+        by_length=lambda a: not a.context_lengths,  # one shard per length, unless the LCEG grid sets the lengths
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # prompts decoded through ctx.map
 
     def count_prompts(self, lengths, limit):
         """{context length: depths} of the LCEG grid (or the lengths) and its basis."""

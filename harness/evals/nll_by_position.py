@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    lengths_within,
+    split_lengths,
+    write_jsonl,
+)
 from harness.evals.common import window_nlls
 from harness.evals.ppl import check_dataset, load_documents
 from harness.stats import bootstrap_mean
@@ -36,7 +45,8 @@ def bucket_means(nll: np.ndarray, buckets: int) -> tuple[list[int], list[float]]
 
 @EVALS.register("nll_by_position")
 class NLLByPosition:
-    metric = "nll"  # the headline metric (harness.evals: what an evaluator declares)
+    spec = Spec(
+        metric="nll")  # the headline metric (harness.evals: what an evaluator declares)
 
     def count_prompts(self, lengths, limit):
         """{length: documents}: each document scored once at the evaluated length."""

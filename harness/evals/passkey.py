@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import EVALS, EvalArgs, Spec, check_positive, lengths_within, split_lengths, write_jsonl
 from harness.evals.common import PrefixCache, greedy_generate, reuse_order
 from harness.evals.templates import PASSKEY_TEMPLATES
 from harness.stats import wilson
@@ -110,13 +110,14 @@ def passkey_accuracy(model, tokenizer, length: int, n_samples: int = 50, seed: i
 
 @EVALS.register("passkey")
 class Passkey:
-    data_parallel = True  # prompts decoded through ctx.map
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "accuracy"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "proportion"  # the tables read a length's accuracy as a proportion over prompts (Wilson)
-    by_length = True  # prompts seeded per length: one shard per length is exact
-    records = {"length": "length", "score": ("correct", "score")}  # samples/passkey.jsonl fields
-    floor = {"threshold": 0.5, "chance": 0.0, "ceiling": 1.0}  # the tables' floor rule, accuracy 0..1
+    spec = Spec(
+        metric="accuracy",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="proportion",  # the tables read a length's accuracy as a proportion over prompts (Wilson)
+        records={"length": "length", "score": ("correct", "score")},  # samples/passkey.jsonl fields
+        floor={"threshold": 0.5, "chance": 0.0, "ceiling": 1.0},  # the tables' floor rule, accuracy 0..1
+        by_length=True,  # prompts seeded per length: one shard per length is exact
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # prompts decoded through ctx.map
 
     def count_prompts(self, lengths, limit):
         """{length: prompts} and its basis."""

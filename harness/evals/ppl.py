@@ -39,7 +39,16 @@ import torch
 
 from harness.config import ConfigError
 from harness.data.sources import SOURCES, load_source, local_directory
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    lengths_within,
+    split_lengths,
+    write_jsonl,
+)
 from harness.evals.common import token_nll, window_nlls
 
 DATASET_FORMS = f"{', '.join(sorted(SOURCES))}, dir:<directory of .txt files>, bin:<LongLoRA .bin file>"
@@ -125,12 +134,30 @@ def subsample(starts: list[int], k: int) -> list[int]:
     return [starts[i] for i in pick]
 
 
+def document_filter(a, lengths: list[int]) -> int:
+    """The document-length filter in force for settings ``a`` at ``lengths``: explicit (``min_tokens``), or the
+    protocol's default (yarn: the largest length; longlora: none, as LCEG keeps the first documents whatever their
+    length)."""
+    if a.min_tokens:
+        return a.min_tokens
+    return max(lengths or [0]) if a.protocol == "yarn" else 0
+
+
+def whole_entry_filter(a) -> dict:
+    """``Spec.pins``: a one-length shard filters the documents as the whole entry does (so every shard scores the
+    same documents)."""
+    f = document_filter(a, [int(L) for L in a.lengths])
+    return {"min_tokens": f} if f != a.min_tokens else {}
+
+
 @EVALS.register("ppl")
 class Perplexity:
-    data_parallel = True  # windows scored through ctx.map_blocks / ctx.map
-    metric = "ppl"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "ppl"  # the tables read a length's PPL with its interval over windows
-    by_length = True  # lengths scored independently: one shard per length is exact
+    spec = Spec(
+        metric="ppl",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="ppl",  # the tables read a length's PPL with its interval over windows
+        by_length=True,  # lengths scored independently: one shard per length is exact
+        pins=whole_entry_filter,  # ... with the document filter of the whole entry
+        data_parallel=True)  # windows scored through ctx.map_blocks / ctx.map
 
     def count_prompts(self, lengths, limit):
         """{length: windows scored} and its basis: one window per document (yarn), or the LongLoRA protocol's
@@ -172,11 +199,8 @@ class Perplexity:
         check_dataset(self.args.dataset, where)
 
     def min_tokens(self, lengths: list[int]) -> int:
-        """The document-length filter in force: explicit, or the protocol's default (yarn: the largest length;
-        longlora: none, as LCEG keeps the first documents whatever their length)."""
-        if self.args.min_tokens:
-            return self.args.min_tokens
-        return max(lengths or [0]) if self.args.protocol == "yarn" else 0
+        """The document-length filter in force (:func:`document_filter`)."""
+        return document_filter(self.args, lengths)
 
     def stream(self, tokenizer, min_tokens: int) -> tuple[list[int], int, int]:
         """longlora protocol: (token stream, documents in it, documents left out by the min_tokens filter)."""

@@ -29,7 +29,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from harness.evals import EVALS, EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_nonneg,
+    check_positive,
+    split_lengths,
+    tasks_x_samples,
+    write_jsonl,
+)
 from harness.evals._ruler_data import (
     ALL_TASKS,
     METRIC,
@@ -46,13 +55,14 @@ from harness.stats import bounded_interval
 
 @EVALS.register("ruler")
 class Ruler:
-    data_parallel = True  # prompts decoded through ctx.map (each task x length)
-    generates = True  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
-    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
-    reader = "ruler"  # the tables read a length's mean over tasks with its interval (0..100)
-    by_length = True  # samples seeded per task and length: one shard per length is exact
-    records = {"length": "length", "task": "task", "score": ("score", "correct")}  # samples/ruler.jsonl fields
-    floor = {"threshold": 50, "chance": 0.0, "ceiling": 100}  # the tables' floor rule, 0..100
+    spec = Spec(
+        metric="average",  # the headline metric (harness.evals: what an evaluator declares)
+        reader="ruler",  # the tables read a length's mean over tasks with its interval (0..100)
+        records={"length": "length", "task": "task", "score": ("score", "correct")},  # samples/ruler.jsonl fields
+        floor={"threshold": 50, "chance": 0.0, "ceiling": 100},  # the tables' floor rule, 0..100
+        by_length=True,  # samples seeded per task and length: one shard per length is exact
+        generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
+        data_parallel=True)  # prompts decoded through ctx.map (each task x length)
 
     def count_prompts(self, lengths, limit):
         return tasks_x_samples(self.args, lengths, limit)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from harness.config import ConfigError
-from harness.evals import EVALS, EvalArgs, lengths_within, write_jsonl
+from harness.evals import EVALS, EvalArgs, Spec, lengths_within, write_jsonl
 
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "short_context"
 # LongRoPE Table 8 / Open LLM Leaderboard v1 shots and metrics.
@@ -253,7 +253,8 @@ def _first_metric(res: dict, name: str) -> str:
 
 @EVALS.register("short_context")
 class ShortContext:
-    metric = "average"  # the headline metric (harness.evals: what an evaluator declares)
+    spec = Spec(
+        metric="average")  # the headline metric (harness.evals: what an evaluator declares)
 
     def count_prompts(self, lengths, limit):
         """{context budget: documents}: an upper bound (every document at the full budget); the documents per task

@@ -115,7 +115,15 @@ def _check_facts(name: str, obj) -> None:
                           f"its facts (label, family, trains)")
 
 
-METHODS: Registry = Registry("method", "harness.methods", check=_check_facts)
+class Methods(Registry):
+    """The method registry; a method's facts by its name, a variant's key or a results row (:meth:`facts`)."""
+
+    def facts(self, name_or_row) -> Facts | None:
+        """What the tables, findings, figures, plan and report know about a method (:func:`facts`)."""
+        return facts(name_or_row)
+
+
+METHODS: Methods = Methods("method", "harness.methods", check=_check_facts)
 
 
 @functools.cache
@@ -326,7 +334,7 @@ RECORDS = ("checkpoint_rope", "checkpoint_attention")  # records in params(), no
 def _records_checkpoint_rope(apply):
     """Wrap a method's ``apply``: when the model's config carried a rope scaling before the method ran (the first
     time a method sees this model), record it and whether the method replaced it; record a config sliding window
-    the method does not apply (``_blockwise.install``). The model keeps what a save needs (``_persist``): its state
+    the method does not apply (``_blockwise.install``). The model keeps what a save needs (``persist``): its state
     before the first method (``harness_before``), the method applied and the window C (``harness_method``,
     ``harness_native_ctx``)."""
 
@@ -338,7 +346,7 @@ def _records_checkpoint_rope(apply):
         if getattr(model, "config", None) is None:  # not a transformers model (a stand-in in a unit test)
             return apply(self, handle, *args, **kwargs)
         if not hasattr(model, "harness_checkpoint_rope"):
-            from harness.methods._persist import snapshot
+            from harness.methods.persist import snapshot
 
             model.harness_checkpoint_rope = scaled_rope(model.config)
             model.harness_before = snapshot(model)  # the model as loaded: what a save restores for a method

@@ -51,7 +51,7 @@ import torch
 from harness.config import ConfigError, window_tokens
 from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 
 ATTN_NAME = "harness_dca"
 
@@ -121,7 +121,7 @@ def dca_flex(module, query, key, value, attention_mask, scale: float, position_i
     """The fused path: one flex_attention call per part (intra / successive / inter-chunk, each with its query
     rotation and a block mask on the chunk difference), merged by log-sum-exp, as the original merges its flash
     calls (``merge_attn_outputs``)."""
-    q_pos, k_pos, valid, off = fx._context(query, key, attention_mask, position_ids)
+    q_pos, k_pos, valid, off = fx.attention_context(query, key, attention_mask, position_ids)
     L = chunk_size - local_window
     inv = module.harness_inv_freq
     qc, kc = torch.div(q_pos, L, rounding_mode="floor"), torch.div(k_pos, L, rounding_mode="floor")
@@ -140,7 +140,7 @@ def dca_flex(module, query, key, value, attention_mask, scale: float, position_i
         parts.append(part("dca_succ", 1, 1, p_succ))
     if far >= 2:
         parts.append(part("dca_inter", 2, None, p_inter))
-    return fx._result(fx.merge(parts), query)
+    return fx.attention_result(fx.merge(parts), query)
 
 
 bw.register_attention(ATTN_NAME, dca_attention)

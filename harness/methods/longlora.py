@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from harness.config import ConfigError, check_scale
 from harness.methods import METHODS, Method, MethodArgs, Needs
 from harness.methods import _blockwise as bw
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 from harness.methods.rope import set_rope_parameters
 
 ATTN_NAME = "harness_longlora_s2"

@@ -48,7 +48,7 @@ import torch
 
 from harness.config import ConfigError, check_scale, window_tokens
 from harness.methods import METHODS, ROPE, Method, MethodArgs
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 from harness.methods.rope import default_inv_freq, register_rope_type, rope_base, rope_dims, set_rope_parameters
 
 ROPES = ("pi", "yarn", "ntk", "yarn_revised")

@@ -102,7 +102,7 @@ def inv_freq_of(model) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------------------
 
 # the rope types this harness adds to transformers' registry: plain transformers (without ``harness`` imported) does not
-# know them, so a model using one is not saved as a standard config (``harness.methods._persist``)
+# know them, so a model using one is not saved as a standard config (``harness.methods.persist``)
 HARNESS_ROPE_TYPES: set[str] = set()
 
 

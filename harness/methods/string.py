@@ -55,7 +55,7 @@ import torch
 from harness.config import ConfigError, window_tokens
 from harness.methods import BLOCKWISE, METHODS, Method, MethodArgs
 from harness.methods import _blockwise as bw
-from harness.methods import _flex as fx
+from harness.methods import flex as fx
 
 ATTN_NAME = "harness_string"
 CODE_ATTENTION_FACTOR = 0.1 * math.log(2) + 1  # string_for_llama.py::replace_with_string

@@ -15,7 +15,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from harness.conf_utils import group_defaults
 from harness.config import ConfigError
+from harness.device import accelerator, is_accelerator, resolve_device
+from harness.memory import eval_memory, replica_gpus, shape_of
 from harness.registry import Registry
 
 MODELS: Registry = Registry("model", "harness.models")
@@ -34,6 +37,9 @@ class ModelArgs:
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU only; falls back to sdpa)
     gguf_file: str = ""
     builder: str = ""  # the registered builder when it is not ``name`` (``hub``: a model that is only data)
+    # the checkpoint's layer shapes (layers, hidden, mlp, heads, kv_heads, head_dim, vocab, mlp_mats, tied: its
+    # config.json's), for a plan made where the weights are not (harness.plan); empty: read from the checkpoint
+    shape: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -122,8 +128,6 @@ def place(model, device, device_map=None):
         return model.to(device)
     from accelerate import dispatch_model
 
-    from harness.device import accelerator
-
     if not isinstance(device_map, dict):
         first = torch.device(device).index or 0
         g = torch.cuda.device_count() - first if device_map == "auto" else int(device_map)
@@ -160,8 +164,6 @@ def release(handle) -> dict | None:
     """Move ``handle.model`` off the GPUs (accelerate's hooks off, weights to the host, the CUDA cache emptied), for
     processes that need the GPUs' memory (training ranks, evaluation ranks); returns where it was (for
     :func:`restore`), or None when it was not on a GPU."""
-    from harness.device import is_accelerator
-
     try:
         p = next(handle.model.parameters())
     except (StopIteration, AttributeError):
@@ -202,8 +204,6 @@ def gpus_of(handle) -> int:
 
 def check_device(spec, key: str = "device") -> torch.device:
     """The ``device`` setting resolved (``harness.device.resolve_device``), a bad value as one ConfigError line."""
-    from harness.device import resolve_device
-
     try:
         return resolve_device(str(spec))
     except ValueError as e:
@@ -215,8 +215,6 @@ def checkpoint_shape(cfg_model) -> tuple[dict, int]:
     alone (nothing loaded), and its weights' bytes per value."""
     from transformers import AutoConfig
 
-    from harness.memory import shape_of
-
     name = cfg_model.get("name")
     cls, args = MODELS.args(cfg_model, f"model={name}", name=cfg_model.get("builder") or name)
     path, gguf = cls.source(args) if hasattr(cls, "source") else (args.path, args.gguf_file)
@@ -226,8 +224,6 @@ def checkpoint_shape(cfg_model) -> tuple[dict, int]:
 
 def visible_gpus(device: torch.device) -> int:
     """The GPUs a replica whose first GPU is ``device`` may span (``device`` and the ones after it); 0 off a GPU."""
-    from harness.device import is_accelerator
-
     if not is_accelerator(device):
         return 0
     return max(0, torch.cuda.device_count() - (device.index or 0))
@@ -239,8 +235,6 @@ def choose_device_map(cfg_model, device: torch.device, length: int, generates: b
     of the checkpoint's shape with ``device``'s free memory (the rule the plan uses, per evaluator and length:
     ``harness.evals.replica_gpus``), capped at the GPUs visible from ``device`` on (``check_fits`` then refuses what
     still cannot fit); else None (one device)."""
-    from harness.memory import replica_gpus
-
     visible = visible_gpus(device)
     if visible < 2:
         return None
@@ -283,8 +277,6 @@ def hf_config(cfg_model):
 def available_memory(device: torch.device) -> int | None:
     """Free bytes where the model's tensors live: the GPU's free memory, or the host's MemAvailable (None if
     unknown)."""
-    from harness.device import is_accelerator
-
     if is_accelerator(device):
         return int(torch.cuda.mem_get_info(device.index or 0)[0])
     try:
@@ -299,8 +291,6 @@ def available_memory(device: torch.device) -> int | None:
 def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
     """The memory one input of ``length`` tokens needs beyond the weights (``harness.memory.eval_memory``: the KV
     cache of every layer when the evaluator decodes, ``generates``, plus the prefill's transient activations)."""
-    from harness.memory import eval_memory, shape_of
-
     m = eval_memory(shape_of(config), int(length), itemsize=itemsize, generates=generates)
     return m["kv_cache"] + m["prefill"]
 
@@ -308,8 +298,6 @@ def min_bytes(config, length: int, itemsize: int, generates: bool) -> int:
 def model_devices(model) -> list[torch.device]:
     """The devices the model's weights are on: every device of ``model.hf_device_map`` (a model spread by
     ``device_map``; integers are CUDA indices), else the device of its first parameter."""
-    from harness.device import accelerator, is_accelerator
-
     dm = getattr(model, "hf_device_map", None) or {}
     out: list[torch.device] = []
     for d in dm.values():
@@ -331,7 +319,6 @@ def check_fits(handle: ModelHandle, length: int, generates: bool, key: str) -> N
     computing holds them). An estimate (its assumptions: ``harness/memory.py``), not a bound."""
     if length <= 0:
         return
-    from harness.memory import eval_memory, shape_of
 
     p = next(handle.model.parameters())
     m = eval_memory(shape_of(handle.model.config), int(length), itemsize=p.element_size(), generates=generates)
@@ -424,8 +411,6 @@ def gguf_to_folder(source: str, out: str, dtype: str = "float32", log=print) -> 
 
 def load_model(name: str, **overrides) -> ModelHandle:
     """Convenience for scripts and tests: load a registered model with its YAML defaults plus overrides."""
-    from harness.conf_utils import group_defaults
-
     node = group_defaults("model", name)
     node.update(overrides)
     return build_model(node)

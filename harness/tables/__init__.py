@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.results import atomic_write_text, read_rows, replacing_dirs
+from harness.results import atomic_write_text, read_rows, replacing_dirs, studies, study_dir
 from harness.safe import UnsafeName
 from harness.tables.build import build_tables
 from harness.tables.paper import Paper
@@ -32,8 +32,6 @@ def build_studies(results_dir: str | Path, figures: bool = True, only: str | Non
     """Every study of ``results_dir`` (``only``: that one), each from its own rows into its own folder, then the rows
     of no study (when there are any, or an earlier build of them to replace), then the index ``results/README.md``.
     Returns ``build_all``'s result per study built (``"study"``: its name, None for the rows of no study)."""
-    from harness.results import studies
-
     results_dir = Path(results_dir)
     names = [only] if only else studies(results_dir)
     out = []
@@ -58,8 +56,6 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
     study's front page, so a full disk or a SIGTERM leaves the previous files and a finished build the new ones,
     never a mix; files there that make tables does not write (not ``*.md`` / ``*.tex``, ``*.png`` / ``*.pdf``) are
     kept."""
-    from harness.results import study_dir
-
     root = Path(results_dir)
     results_dir = study_dir(root, study)
     tables_dir = Path(tables_dir or results_dir / "tables")

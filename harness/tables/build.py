@@ -10,7 +10,7 @@ import math
 import sys
 from datetime import datetime
 
-from harness.methods import facts
+from harness.methods import METHODS
 from harness.tables import estimates as est
 from harness.tables import samples
 from harness.tables.paper import Paper
@@ -39,7 +39,7 @@ def is_second(rs: RowSet, model: str) -> bool:
 def attention(rs: RowSet, e: Entry) -> str:
     """The entry's attention family (``harness.methods.facts``); a row of no method (a factor search) is placed
     with the exact ones."""
-    f = facts(e.method)
+    f = METHODS.facts(e.method)
     return f.family if f else "exact"
 
 
@@ -98,8 +98,9 @@ def series_getter(metric: str, factor: float):
     return lambda m, r: at_factor(m.get(metric), native_ctx(r), factor)
 
 
-def entry_factors(rs: RowSet, e: Entry, source: str, metric: str) -> set:
-    fs = set()
+def entry_factors(rs: RowSet, e: Entry, source: str) -> set:
+    """Length factors (multiples of C) at which ``e`` has ``source``'s headline metric."""
+    metric, fs = est.metric(rs, source), set()
     for r in e.rows:
         for k in rs.entry_keys(r, source):
             fs.update(factors(r["metrics"][k].get(metric), native_ctx(r)))
@@ -145,7 +146,7 @@ def ppl_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     extra = set()
     for _, src, _ in blocks:
         for e in rs.for_model(model):
-            extra |= entry_factors(rs, e, src, "ppl")
+            extra |= entry_factors(rs, e, src)
     cols = columns_for(paper.table(ptid0)["columns"], paper_c, extra)
     t = Table(f"{tid}_{model}", f"Table {tid[5:]}: Perplexity by evaluation length ({model})",
               ["Len", "Ex", "Methods"] + [c for c, _ in cols], label_cols=3,
@@ -207,7 +208,7 @@ def ruler_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     paper_c = int(paper.table(ptid).get("native_ctx") or paper.data["controlled_study"]["native_ctx"])
     extra = set()
     for e in rs.for_model(model):
-        extra |= entry_factors(rs, e, "ruler", "average")
+        extra |= entry_factors(rs, e, "ruler")
     cols = columns_for(paper.table(ptid)["columns"], paper_c, extra)
     t = Table(f"{ptid}_{model}", f"Table {ptid[5:]}: RULER average by evaluation length ({model}; ours: the "
               "project's RULER-style tasks)",
@@ -255,7 +256,7 @@ def _mean_series(m: dict, metric: str, scale: float):
     return sum(vals) / len(vals) * scale if vals else None
 
 
-def _task_mean(m: dict):
+def task_mean(m: dict):
     tasks = m.get("tasks")
     if not isinstance(tasks, dict):
         return None
@@ -276,7 +277,7 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                "over the evaluated lengths (x100); Mshots = many-shot accuracy averaged over the shot counts; LongB "
                "= LongBench mean over tasks."])
     fls = {k: est.floor(rs, model, k) for k in ("niah", "passkey", "ruler")}
-    has_niah = any(est.lengths_of(rs, e, "niah", "score") for e in rs.for_model(model))
+    has_niah = any(est.lengths_of(rs, e, "niah") for e in rs.for_model(model))
     needle_src = "niah" if has_niah and fls["niah"].measurable else "passkey"
     used_passkey = False
     groups = [("exact", "frozen"), ("exact", "fine-tuned"), ("approximate", "frozen"), ("approximate", "fine-tuned")]
@@ -302,8 +303,7 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                             c.nm = fls["ruler"].reason
                     elif col == "Needle":  # NIAH; passkey where NIAH is not measurable or was not run
                         for ns in dict.fromkeys([needle_src, "passkey"]):
-                            metric = "score" if ns == "niah" else "accuracy"
-                            x = est.pooled([est.at(rs, e, ns, f) for f in est.lengths_of(rs, e, ns, metric)])
+                            x = est.pooled([est.at(rs, e, ns, f) for f in est.lengths_of(rs, e, ns)])
                             if x is not None:
                                 c.fill(x, 100.0, source=ns + " (pooled over lengths)")
                                 used_passkey |= ns == "passkey"
@@ -311,17 +311,17 @@ def table1(rs: RowSet, paper: Paper, model: str) -> Table | None:
                                     c.nm = fls[ns].reason
                                 break
                     elif "at" in cs:
-                        metric = rs.spec["sources"][src]["metric"]
+                        metric = est.metric(rs, src)
                         p = rs.pick(e, src, series_getter(metric, float(cs["at"])))
                         c.ours = num(p.value)
                     elif cs.get("reduce") == "longbench_average":
-                        p = rs.pick(e, src, lambda m, r: _task_mean(m))
+                        p = rs.pick(e, src, lambda m, r: task_mean(m))
                         c.ours = num(p.value)
                         if c.ours is not None:
                             c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
                     else:
-                        sd = rs.spec["sources"][src]
-                        p = rs.pick(e, src, lambda m, r, sd=sd: _mean_series(m, sd["metric"], sd.get("scale", 1)))
+                        sd, sm = rs.spec["sources"][src], est.metric(rs, src)
+                        p = rs.pick(e, src, lambda m, r, sd=sd, sm=sm: _mean_series(m, sm, sd.get("scale", 1)))
                         if p.value is not None:
                             c.ours = num(p.value)
                             c.ci = ci_for(rs, p, [sd.get("evaluator", src)], src, {}, "length", c.ours)
@@ -390,7 +390,7 @@ def longbench_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 c.has_paper, c.paper = paper.column_value(ptid, pr["key"], key)
             if e is not None:
                 if pr["key"] == "average":
-                    p = rs.pick(e, "longbench", lambda m, r: _task_mean(m))
+                    p = rs.pick(e, "longbench", lambda m, r: task_mean(m))
                     c.ours = num(p.value)
                     if c.ours is not None:
                         c.ci = ci_for(rs, p, ["longbench"], "longbench", {}, "task", c.ours)
@@ -430,7 +430,7 @@ def ruler_subtask_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
             if pr["key"] == "average":
                 fl = floors.setdefault("average", est.floor(rs, model, "ruler"))
             else:
-                task = next((a for a in al if any(est._task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
+                task = next((a for a in al if any(est.task_factors(rs, e, a) for e in rs.for_model(model))), al[0])
                 fl = floors.setdefault(task, est.floor(rs, model, "ruler", task=task))
             for _h, key, e in cols:
                 c = Cell(decimals=2)
@@ -484,7 +484,7 @@ def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
     extra = set()
     for v in sweeps.values():
         for e in v:
-            extra |= entry_factors(rs, e, "ppl_pg19", "ppl")
+            extra |= entry_factors(rs, e, "ppl_pg19")
     cols = columns_for(pt["columns"], 4096, extra)
     t = Table(f"table9_{model}", f"Table 9: Scale factor vs perplexity on PG19 ({model})",
               ["Models", "Scale Factor"] + [c for c, _ in cols], label_cols=2,
@@ -514,7 +514,7 @@ def table9(rs: RowSet, paper: Paper, model: str) -> Table | None:
                 if e is not None:
                     c.fill(est.at(rs, e, "ppl_pg19", f), source="PPL")
                 cells.append(c)
-            label = pr["label"] if pr is not None else (facts(key).label if facts(key) else key)
+            label = pr["label"] if pr is not None else (METHODS.facts(key).label if METHODS.facts(key) else key)
             t.add([label + ("" if e is not None else " (paper)"), f"{s:g}"], cells, e)
     if t.n_ours() == 0:
         return None
@@ -592,7 +592,7 @@ def _summary_order(rs: RowSet, paper: Paper, e: Entry):
     """Frozen before fine-tuned, exact before approximate attention; within a group the base model, then the
     paper's methods in its Table 1 order, then the others (those the paper did not study last), by label."""
     keys = ["base"] + [r["key"] for r in paper.table("table1")["rows"]]
-    f = facts(e.method)
+    f = METHODS.facts(e.method)
     return (not e.frozen, attention(rs, e) != "exact", bool(f and f.beyond_paper),
             keys.index(e.method) if e.method in keys else len(keys), e.label)
 
@@ -601,8 +601,8 @@ def summary_table(rs: RowSet, paper: Paper, model: str, source: str = "passkey")
     """One row per configuration, one column per length (multiples of C): ours with its interval, no paper numbers
     (the paper's lengths are 16x longer). ``source``: passkey | ppl_pg19."""
     ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
-    metric, scale, dec = ("accuracy", 1.0, 2) if source == "passkey" else ("ppl", 1.0, 1)
-    fs = sorted({f for e in ents for f in est.lengths_of(rs, e, source, metric)})
+    scale, dec = (1.0, 2) if source == "passkey" else (1.0, 1)
+    fs = sorted({f for e in ents for f in est.lengths_of(rs, e, source)})
     if not fs:
         return None
     name = "passkey accuracy" if source == "passkey" else "perplexity on held-out books (PG19 analogue)"
@@ -634,8 +634,7 @@ def summary_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
 def extended_sources(rs: RowSet) -> list[tuple[str, str]]:
     """``(source, column title)`` of every source whose evaluator declares a column of the 2024-benchmarks table
     (``extended``), in ``spec.yaml`` order."""
-    return [(src, est.evaluator(rs, src).extended) for src in rs.spec["sources"]
-            if getattr(est.evaluator(rs, src), "extended", None)]
+    return [(src, est.spec(rs, src).extended) for src in rs.spec["sources"] if est.spec(rs, src).extended]
 
 
 def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
@@ -644,7 +643,7 @@ def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
     extended = extended_sources(rs)
     cols = [(src, lab, f) for src, lab in extended
-            for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src, est.metric(rs, src))})]
+            for f in sorted({f for e in ents for f in est.lengths_of(rs, e, src)})]
     if not cols:
         return None
     floors = {src: est.floor(rs, model, src) for src, _ in extended}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness import stats
+from harness.evals import EVALS
 from harness.tables.rows import Entry, RowSet, native_ctx, num
 
 
@@ -176,26 +177,29 @@ SHAPES = {"proportion": passkey, "niah": niah, "ruler": ruler_average, "ppl": pp
 def evaluator(rs: RowSet, source: str):
     """The evaluator class behind a ``spec.yaml`` source (its ``evaluator``, or ``reads`` for a source matched by
     suite entries only): what it declares is how the tables read it."""
-    from harness.evals import EVALS
-
     src = rs.spec["sources"][source]
     return EVALS.get(src.get("evaluator") or src["reads"])
 
 
+def spec(rs: RowSet, source: str):
+    """What the source's evaluator declares (``harness.evals.Spec``)."""
+    return evaluator(rs, source).spec
+
+
 def reader(rs: RowSet, source: str):
     """``fn(metrics, length) -> Est``: the reader the source's evaluator declares (``SHAPES``)."""
-    return SHAPES[evaluator(rs, source).reader]
+    return SHAPES[spec(rs, source).reader]
 
 
 def metric(rs: RowSet, source: str) -> str:
     """The headline metric the source's evaluator declares (its per-length series in the row)."""
-    return evaluator(rs, source).metric
+    return spec(rs, source).metric
 
 
 def records(rs: RowSet, source: str) -> dict | None:
     """The fields of the per-sample records the source's evaluator declares (``records``: ``length``, ``task``,
     ``score``); None when it declares none."""
-    return getattr(evaluator(rs, source), "records", None)
+    return spec(rs, source).records
 
 
 def at(rs: RowSet, e: Entry, source: str, factor: float, reader_fn=None) -> Est | None:
@@ -238,13 +242,14 @@ def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
         x.lo, x.hi, x.note = ci[0], ci[1], ""
 
 
-def lengths_of(rs: RowSet, e: Entry, source: str, metric: str) -> list[float]:
-    """Length factors (multiples of C) at which ``e`` has ``metric`` for ``source``."""
+def lengths_of(rs: RowSet, e: Entry, source: str) -> list[float]:
+    """Length factors (multiples of C) at which ``e`` has ``source``'s headline metric (its evaluator's ``metric``)."""
+    series = metric(rs, source)
     fs = set()
     for r in e.rows:
         c = native_ctx(r)
         for k in rs.entry_keys(r, source):
-            s = (r["metrics"][k] or {}).get(metric)
+            s = (r["metrics"][k] or {}).get(series)
             if isinstance(s, dict) and c:
                 for L in s:
                     try:
@@ -268,17 +273,16 @@ def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor
     """Is ``source`` (passkey | niah | ruler | ...; ``task``: one RULER task) measurable for ``model``? The rule is
     the source's evaluator's ``floor`` (the base at C below the threshold, or every method at chance / at the
     ceiling); always measurable when it declares none."""
-    rule = getattr(evaluator(rs, source), "floor", None)
+    rule = spec(rs, source).floor
     if not rule:
         return Floor()
     thr, chance, ceil = rule.get("threshold"), rule.get("chance"), rule.get("ceiling")
     read = (lambda m, L: ruler_task(m, task, L)) if task else reader(rs, source)
-    series = metric(rs, source)
     ents = rs.for_model(model)
     unit = f" {task}" if task else ""
     values = []
     for e in ents:
-        for f in (lengths_of(rs, e, source, series) if not task else _task_factors(rs, e, task)):
+        for f in (lengths_of(rs, e, source) if not task else task_factors(rs, e, task)):
             x = at(rs, e, source, f, read)
             if x is not None and x.value is not None and math.isfinite(x.value):
                 values.append((e, f, x))
@@ -305,7 +309,7 @@ def floor(rs: RowSet, model: str, source: str, task: str | None = None) -> Floor
     return out
 
 
-def _task_factors(rs: RowSet, e: Entry, task: str) -> list[float]:
+def task_factors(rs: RowSet, e: Entry, task: str) -> list[float]:
     fs = set()
     for r in e.rows:
         c = native_ctx(r)

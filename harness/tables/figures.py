@@ -50,12 +50,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from harness import stats
-from harness.methods import facts
+from harness.methods import METHODS
 from harness.results import atomic_write
 from harness.safe import safe_file
 from harness.tables import estimates as est
 from harness.tables import samples
-from harness.tables.build import _task_mean, attention
+from harness.tables.build import attention, task_mean
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, num
 
@@ -150,7 +150,7 @@ def method_style(key: str) -> dict:
     """``{"color", "marker"}`` of a method (or a variant key): what its facts declare (``color``, ``marker``,
     ``conf/method/<name>.yaml``), the same in every figure, run and study; a method without them (a plugin) gets a
     pair from ``PALETTE`` x ``MARKERS`` fixed by its name."""
-    f = facts(key)
+    f = METHODS.facts(key)
     if f is not None and f.color and f.marker:
         return {"color": f.color, "marker": f.marker}
     i = zlib.crc32(str(key).encode()) % (len(PALETTE) * len(MARKERS))
@@ -221,7 +221,7 @@ def _legend_below(ax) -> None:
 
 # -- passkey accuracy by length ----------------------------------------------------------------------------------
 def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: list) -> list[Path]:
-    ents = [e for e in rs.for_model(model) if est.lengths_of(rs, e, "passkey", "accuracy")]
+    ents = [e for e in rs.for_model(model) if est.lengths_of(rs, e, "passkey")]
     if not ents or not _measurable(rs, model, "passkey", f"passkey_{model}", notes):
         return []
     styles = method_styles(rs, paper)
@@ -232,7 +232,7 @@ def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
     n_seen = set()
 
     def series(e):
-        fs = est.lengths_of(rs, e, "passkey", "accuracy")
+        fs = est.lengths_of(rs, e, "passkey")
         xs = [est.at(rs, e, "passkey", f) for f in fs]
         return [(f, x) for f, x in zip(fs, xs) if x is not None]
 
@@ -255,7 +255,7 @@ def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
         for tf in trains:
             ax.plot([tf], [-0.05], marker="^", color="0.35", ms=7, clip_on=False, zorder=5)
         ax.set_xscale("log", base=2)
-        fs = sorted({f for e in ents for f in est.lengths_of(rs, e, "passkey", "accuracy")})
+        fs = sorted({f for e in ents for f in est.lengths_of(rs, e, "passkey")})
         ax.set_xticks(fs, [f"{f:g}C" for f in fs])
         ax.minorticks_off()
         ax.set_ylim(-0.05, 1.05)
@@ -282,10 +282,9 @@ LENGTH_SOURCES = ("ppl_pg19", "ppl_proofpile", "passkey", "niah", "ruler", "babi
 
 def _length_lines(rs: RowSet, model: str, source: str) -> list:
     """[(entry, [(factor, Est)])] of every configuration of ``model`` with ``source``'s headline metric by length."""
-    metric = est.metric(rs, source)
     out = []
     for e in sorted(rs.for_model(model), key=lambda e: (not _is_base(e), e.label)):
-        pts = [(f, x) for f in est.lengths_of(rs, e, source, metric)
+        pts = [(f, x) for f in est.lengths_of(rs, e, source)
                if (x := est.at(rs, e, source, f)) is not None and x.value is not None and math.isfinite(x.value)]
         if pts:
             out.append((e, pts))
@@ -548,7 +547,7 @@ def manyshot_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: 
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
     banded = False
     ev = est.evaluator(rs, "manyshot")  # its per-sample records: the file's name and the fields (``records``)
-    rec = getattr(ev, "records", None)
+    rec = ev.spec.records
     for e, pts, row in lines:
         st = _style(styles, e)
         ln = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=st["marker"], color=st["color"],
@@ -578,7 +577,7 @@ def scatter_points(rs: RowSet, model: str, notes: list | None = None) -> dict:
     spec = rs.spec["table1"]
     ents = rs.for_model(model)
     what = f"ppl_vs_downstream_{model}"
-    has_niah = any(est.lengths_of(rs, e, "niah", "score") for e in ents)
+    has_niah = any(est.lengths_of(rs, e, "niah") for e in ents)
     if has_niah and est.floor(rs, model, "niah").measurable:
         needle = "niah"
     else:  # as Table 1's Needle column: passkey where NIAH is not measurable or was not run
@@ -592,8 +591,7 @@ def scatter_points(rs: RowSet, model: str, notes: list | None = None) -> dict:
             continue
         fam = family(rs, e)
         if needle:
-            metric = "score" if needle == "niah" else "accuracy"
-            x = est.pooled([est.at(rs, e, needle, f) for f in est.lengths_of(rs, e, needle, metric)])
+            x = est.pooled([est.at(rs, e, needle, f) for f in est.lengths_of(rs, e, needle)])
             if x is not None:
                 out.setdefault(f"Needle ({'NIAH' if needle == 'niah' else 'passkey'}, x100)", []).append(
                     (e.label, fam, ppl, _scaled(x, 100), e))
@@ -601,7 +599,7 @@ def scatter_points(rs: RowSet, model: str, notes: list | None = None) -> dict:
             x = est.at(rs, e, "ruler", float(spec["RULER"]["at"]))
             if x is not None:
                 out.setdefault("RULER at 8C", []).append((e.label, fam, ppl, x, e))
-        lb = num(rs.pick(e, "longbench", lambda m, r: _task_mean(m)).value) if longbench else None
+        lb = num(rs.pick(e, "longbench", lambda m, r: task_mean(m)).value) if longbench else None
         if lb is not None:
             out.setdefault("LongBench", []).append((e.label, fam, ppl, est.Est(lb), e))
     return out

@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 
 from harness import stats
-from harness.methods import facts
+from harness.evals.convergence import GATE_SETS, MIN_GATE_VERSION, gate_version, outdated
+from harness.methods import METHODS
+from harness.results import atomic_write_text, read_rows, signals_held, study_dir
 from harness.tables import estimates as est
 from harness.tables.paper import Paper
 from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
@@ -74,7 +76,7 @@ RETRIEVE_MARGIN = -0.25  # (i) "retrieves within its window": at C no more than 
 def exact_ft(paper: Paper) -> list[str]:
     """The paper's fine-tuned exact-attention methods: its Table 1 rows (in its order) whose method is of the exact
     family and trains (``harness.methods.facts``)."""
-    return [k for k in _table1_keys(paper) if _fam(k) == "exact" and facts(k).trains]
+    return [k for k in _table1_keys(paper) if _fam(k) == "exact" and METHODS.facts(k).trains]
 
 
 def approx(paper: Paper) -> list[str]:
@@ -93,7 +95,7 @@ def _table1_keys(paper: Paper) -> list[str]:
 
 
 def _fam(key: str) -> str | None:
-    f = facts(key)
+    f = METHODS.facts(key)
     return f.family if f else None
 
 
@@ -250,7 +252,7 @@ class Evidence:
 
     def _needle_source(self):
         fl = est.floor(self.rs, self.model, "niah")
-        has_niah = any(est.lengths_of(self.rs, e, "niah", "score") for e in self.entries)
+        has_niah = any(est.lengths_of(self.rs, e, "niah") for e in self.entries)
         if has_niah and fl.measurable:
             return "niah", ""
         fp = est.floor(self.rs, self.model, "passkey")
@@ -269,10 +271,9 @@ class Evidence:
         src = self.needle_source
         if src is None:
             return {}
-        metric = "score" if src == "niah" else "accuracy"
         same: dict = {}
         for e in self.entries:
-            fs = est.lengths_of(self.rs, e, src, metric)
+            fs = est.lengths_of(self.rs, e, src)
             xs = [est.at(self.rs, e, src, f) for f in fs]
             if not xs or any(x is None or x.samples is None or not x.paired for x in xs):
                 continue
@@ -292,7 +293,7 @@ class Evidence:
     def beyond_paper(self, e: Entry) -> bool:
         """A method the paper did not study (its facts say ``beyond_paper``): never in a finding's parts, reported
         beside the findings that range over "every other configuration" as a control."""
-        f = facts(e.method)
+        f = METHODS.facts(e.method)
         return bool(f and f.beyond_paper)
 
     def family(self, e: Entry) -> str:
@@ -317,7 +318,7 @@ class Evidence:
     def ruler_source(self) -> tuple[bool, str]:
         """(whether the rows of this model have RULER and it is measurable, the line naming it): the project's
         RULER-style tasks (``harness.evals._ruler_data``), never RULER's own samples (docs/ruler_check.md)."""
-        have = any(est.lengths_of(self.rs, e, "ruler", "average") for e in self.entries)
+        have = any(est.lengths_of(self.rs, e, "ruler") for e in self.entries)
         if not have:
             return False, "RULER not run for this model"
         fl = est.floor(self.rs, self.model, "ruler")
@@ -346,7 +347,7 @@ class Evidence:
     def ruler_pooled(self, e: Entry | None):
         if e is None:
             return None
-        return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler", "average")])
+        return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler")])
 
     def windows(self, e: Entry | None, f: float):
         """(per-window mean NLLs, their documents) at f x C from a row of ``e`` that scored every window of the books
@@ -371,9 +372,8 @@ class Evidence:
         """Needle pooled over the lengths e was evaluated at (Table 1's averaging)."""
         if self.needle_source is None:
             return None
-        metric = "score" if self.needle_source == "niah" else "accuracy"
         return est.pooled([self.at(e, self.needle_source, f)
-                           for f in est.lengths_of(self.rs, e, self.needle_source, metric)])
+                           for f in est.lengths_of(self.rs, e, self.needle_source)])
 
     def nll(self, e: Entry):
         p = self.rs.pick(e, "nll", lambda m, r: m if isinstance(m.get("per_doc"), list) and m["per_doc"] else None)
@@ -390,7 +390,7 @@ def _label(e: Entry | None, key: str) -> str:
     training seed, whether the entry has rows there or not: ``seeded`` matches parts by name)."""
     if e is not None:
         return e.label
-    f = facts(key)
+    f = METHODS.facts(key)
     return f.label if f and f.label and "{" not in f.label else key
 
 
@@ -670,7 +670,7 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
         f.parts = [Part("LM-Infinite", why="no rows: lm_infinite (frozen)")]
         return f.decide()
     # the longest length up to 8C the rows have (the real-model track stops at 2C)
-    far = max([x for x in est.lengths_of(ev.rs, e, "ppl_pg19", "ppl") if 1 < x <= TRAIN_F] or [TRAIN_F])
+    far = max([x for x in est.lengths_of(ev.rs, e, "ppl_pg19") if 1 < x <= TRAIN_F] or [TRAIN_F])
     tag = f"LM-Infinite: PPL {far:g}C / PPL C"
     first = _ppl_part(tag, ev.at(e, "ppl_pg19", far), ev.at(e, "ppl_pg19", 1.0), -1, PPL_FLAT)
     wa, wb = ev.windows(e, far), ev.windows(e, 1.0)
@@ -691,8 +691,7 @@ def f_f(ev: Evidence, paper: Paper) -> Finding:
         f.parts.append(Part("retrieval C - beyond", why=ev.needle_note))
         return f.decide()
     inside = ev.at(e, src, 1.0)
-    metric = "score" if src == "niah" else "accuracy"
-    outside = est.pooled([ev.at(e, src, x) for x in est.lengths_of(ev.rs, e, src, metric) if x >= 2])
+    outside = est.pooled([ev.at(e, src, x) for x in est.lengths_of(ev.rs, e, src) if x >= 2])
     if outside is not None:
         outside.paired = False
     f.parts.append(_part_prop(f"{src} at C - at 2C..16C", inside, outside, "lm_infinite at C",
@@ -733,11 +732,10 @@ def f_g(ev: Evidence, paper: Paper) -> Finding:
         f.parts = parts(needle, src)
     if e is not None and base is not None:
         if ok:
-            f.notes += _reach(ev, e, base, "RULER-style", [x for x in est.lengths_of(ev.rs, e, "ruler", "average")
+            f.notes += _reach(ev, e, base, "RULER-style", [x for x in est.lengths_of(ev.rs, e, "ruler")
                                                            if x >= 1], ev.ruler)
         if src:
-            metric = "score" if src == "niah" else "accuracy"
-            f.notes += _reach(ev, e, base, src, [x for x in est.lengths_of(ev.rs, e, src, metric) if x >= 1],
+            f.notes += _reach(ev, e, base, src, [x for x in est.lengths_of(ev.rs, e, src) if x >= 1],
                               lambda x, fc: ev.at(x, src, fc))
     return f.decide()
 
@@ -1112,8 +1110,6 @@ def _gated(rs: RowSet, model: str, reason: str) -> str:
 
 def _gate_documents(rs: RowSet, model: str) -> str:
     """Which books the fine-tuned rows of ``model`` were gated on, by gate version (``convergence.GATE_SETS``)."""
-    from harness.evals.convergence import GATE_SETS, gate_version
-
     by: dict = {}
     for r in rs.all_rows:
         if r.get("model") == model and r.get("status") == "ok" and converged(r) is not None:
@@ -1142,7 +1138,7 @@ def real_model_sections(rs: RowSet, main: str, paper: Paper | None, main_fs: lis
         studies = sorted({str(((r.get("config") or {}).get("study") or {}).get("experiment") or "?")
                           for e in ents for r in e.rows})
         c = ents[0].native_ctx
-        lengths = sorted({x for e in ents for x in est.lengths_of(rs, e, "passkey", "accuracy")})
+        lengths = sorted({x for e in ents for x in est.lengths_of(rs, e, "passkey")})
         n_parts = sum(1 for f in fs for p in f.parts if p.holm)
         mine = {f.key: f for f in main_fs}
         out += ["", f"## Real model, frozen: {m}", "",
@@ -1199,6 +1195,7 @@ def count_line(fs: list[Finding], attr: str = "result") -> str:
 
 
 def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, source: str = "results/runs/") -> str:
+    """The findings report of ``model`` (default: the study's) on the rows of ``rs``, as markdown."""
     model = model or study_model(rs) or DEFAULT_MODEL   # no rows: every finding "inconclusive (no rows: ...)"
     fs, ev, per_seed = seeded(rs, model, paper)
     gate_off = sensitivity(rs, model, paper)
@@ -1208,6 +1205,24 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     for e in ev.entries:
         c = c or e.native_ctx
     n_parts = sum(1 for f in fs for p in f.parts if p.holm and not p.seed_only)
+    out = _header(fs, ev, model, source, n_parts, n_gated, c)
+    out += _caveats(rs, ev, model)
+    out += _findings_table(rs, model, fs, gate_off)
+    out += _gate_section(rs, model, fs, gate_off, gate_on)
+    out += _duplicates(ev)
+    out += _seed_section(rs, model, fs, per_seed)
+    out += _not_testable(rs, model, ev, fs)
+    out += real_model_sections(rs, model, paper, fs)
+    out += ["", "## Rows used", ""]
+    out += [f"- `{rid}` ({lab})" for rid, lab in sorted(ev.used.items())] or ["- none"]
+    notes = rs.footnotes(model)
+    if notes:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def _header(fs: list[Finding], ev: Evidence, model: str, source: str, n_parts: int, n_gated: int, c) -> list[str]:
+    """The report's title, model, verdict counts and its rules (verdict, seeds, evidence, gate)."""
     out = ["# Findings of the controlled study, tested on our rows",
            "",
            f"Generated by `make findings` (`harness/tables/findings.py`) from the rows in `{source}` only; "
@@ -1249,8 +1264,12 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
            "rows; *with gate-failed rows*, a sensitivity line). How the gate could bias each finding: the section "
            "*Convergence gate* below.",
            ""]
-    from harness.evals.convergence import MIN_GATE_VERSION, outdated
+    return out
 
+
+def _caveats(rs: RowSet, ev: Evidence, model: str) -> list[str]:
+    """Rows admitted by an older gate, and where the Needle evidence comes from."""
+    out: list[str] = []
     superseded = {id(r) for r in rs.superseded}  # re-run under the current gate: those rows decide nothing
     old_gate = sorted(r.get("run_id", "?") for r in rs.all_rows
                       if r.get("model") == model and outdated(r) and id(r) not in superseded)
@@ -1263,7 +1282,12 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
                 "until then read the *with gate-failed rows* line beside each verdict.", ""]
     if ev.needle_note:
         out += [f"Needle: {ev.needle_note}.", ""]
-    out += ["| finding | evidence: paper \u2192 ours | metric, lengths, references | ours (95% CI) \u2192 part verdict "
+    return out
+
+
+def _findings_table(rs: RowSet, model: str, fs: list[Finding], gate_off: list[str]) -> list[str]:
+    """One line per finding: its claim, evidence, metric, parts and verdicts."""
+    out = ["| finding | evidence: paper \u2192 ours | metric, lengths, references | ours (95% CI) \u2192 part verdict "
             "| paper | verdict |",
             "|:--|:--|:--|:--|:--|:--|"]
     for f, off in zip(fs, gate_off):
@@ -1275,7 +1299,12 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
         metric = f.metric + (f". References: {f.reference}" if f.reference else "")
         out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.evidence)} | {_md(metric)} | {ours} | {_md(f.paper)} | "
                    f"{v} |")
-    out += ["", "## Convergence gate", "",
+    return out
+
+
+def _gate_section(rs: RowSet, model: str, fs: list[Finding], gate_off: list[str], gate_on: list[str]) -> list[str]:
+    """What the convergence gate measures and how it could bias each finding."""
+    out = ["", "## Convergence gate", "",
             "What the gate measures (`harness/evals/convergence.py`): a fine-tuned row's PPL on held-out books at C "
             "over the base's (<= 1.10) and its passkey accuracy at C (>= 0.9) on the gate's own template and seed. "
             + _gate_documents(rs, model), "",
@@ -1284,12 +1313,24 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     for f, off, on in zip(fs, gate_off, gate_on):
         out.append(f"| ({f.key}) | {'all rows (the gate measures what it tests)' if f.all_rows else 'gated rows'} | "
                    f"{_md(GATE_BIAS[f.key])} | {on} | {off} |")
+    return out
+
+
+def _duplicates(ev: Evidence) -> list[str]:
+    """Configurations counted once: identical per-prompt Needle outcomes at every length."""
+    out: list[str] = []
     if ev.duplicates:
         out += ["", "## Duplicate configurations", "",
                 "Configurations with identical per-prompt Needle outcomes at every length are one configuration in "
                 "effect (whatever their names) and are counted once, as the first:", ""]
         out += [f"- {keep} = {dup} (n = {n} prompts, every outcome the same)"
                 for dup, (keep, n) in sorted(ev.duplicates.items())]
+    return out
+
+
+def _seed_section(rs: RowSet, model: str, fs: list[Finding], per_seed: dict) -> list[str]:
+    """Each finding on each training seed alone, and the seed-to-seed differences."""
+    out: list[str] = []
     if per_seed:
         out += ["", "## Training seeds", "",
                 "Fine-tuned configurations with rows of several training seeds (`data.seed` and `train.seed`: the "
@@ -1305,7 +1346,12 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
                 "difference only where the interval excludes 0 — passkey — or 1 — PPL ratio):", "",
                 "| configuration | seeds | passkey at C | passkey at 8C | PPL ratio at C | PPL ratio at 8C | runs |",
                 "|:--|:--|:--|:--|:--|:--|:--|"] + seed_differences(rs, model)
-    out += ["", "## Not testable at this scale", ""]
+    return out
+
+
+def _not_testable(rs: RowSet, model: str, ev: Evidence, fs: list[Finding]) -> list[str]:
+    """What this scale cannot test: evaluators at their floor, evaluators not run, findings without rows."""
+    out = ["", "## Not testable at this scale", ""]
     nt = []
     for src, name in (("niah", "NIAH"), ("ruler", "RULER"), ("passkey", "passkey")):
         fl = est.floor(rs, model, src)
@@ -1328,20 +1374,13 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
         nt.append(f"- rows of other evaluation suites than the study's (eval={ev.suite}) are not compared with it: "
                   + ", ".join(f"eval={x}" for x in ev.other_suites) + ".")
     out += nt or ["- nothing: every finding has the rows it needs."]
-    out += real_model_sections(rs, model, paper, fs)
-    out += ["", "## Rows used", ""]
-    out += [f"- `{rid}` ({lab})" for rid, lab in sorted(ev.used.items())] or ["- none"]
-    notes = rs.footnotes(model)
-    if notes:
-        out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write(results_dir: str | Path, out: str | Path | None = None, model: str | None = None,
           runs_dir: str | Path | None = None, study: str | None = None) -> Path:
     """``results/<study>/findings.md`` from the study's own rows (``study`` None: the rows of no study,
     ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead."""
-    from harness.results import atomic_write_text, read_rows, signals_held, study_dir
     from harness.tables import rows_source
     from harness.tables.rows import load_spec, read_rows_in
 

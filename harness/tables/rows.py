@@ -26,8 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from harness.methods import facts, row_key
-from harness.results import liveness
+from harness.evals import EVALS
+from harness.evals.convergence import current, outdated
+from harness.methods import METHODS, row_key
+from harness.results import liveness, study_of
 from harness.results import read_rows_in as _read_rows_in
 
 HERE = Path(__file__).parent
@@ -57,7 +59,16 @@ def read_rows_in(directory: str | Path) -> list[dict]:
 
 
 def load_spec(path: str | Path | None = None) -> dict:
-    return load_yaml(path or HERE / "spec.yaml")
+    """The tables' layout (``spec.yaml``) and its sources: the ones it names (the paper's columns, e.g. PG19 read from
+    ``ppl_pg19`` or ``ppl_books``), and one for every registered evaluator that no source reads, named after it and
+    matched by its name (``evaluator``): how a number of it is read, its headline metric and its column in the
+    2024-benchmarks table are what it declares (``harness.evals.Spec``)."""
+    spec = load_yaml(path or HERE / "spec.yaml")
+    read = {src.get("evaluator") or src.get("reads") for src in spec["sources"].values()}
+    for name in EVALS.names():
+        if name not in read and name not in spec["sources"]:
+            spec["sources"][name] = {"entries": [name], "evaluator": name}
+    return spec
 
 
 def kfmt(tokens: float) -> str:
@@ -244,7 +255,6 @@ class RowSet:
         ok = sorted([r for r in rows if r.get("status") == "ok"], key=_sort_time, reverse=True)
         # a fine-tuned row gated by an older convergence gate is superseded by a row of the same configuration gated
         # by the current one (``make study`` re-runs such points): it feeds no cell and is named in a footnote
-        from harness.evals.convergence import current, outdated
 
         rerun = {r.get("config_hash") for r in ok if r.get("config_hash") and current(r)}  # recomputed on read
         self.superseded = [r for r in ok if outdated(r) and r.get("config_hash") in rerun]
@@ -291,7 +301,7 @@ class RowSet:
         label, then `` #2``, `` #3`` (by first run time) when configurations still collide. ``legend()`` says what
         each label stands for."""
         for e in self.entries:
-            f = facts(e.method)
+            f = METHODS.facts(e.method)
             e.label = (f.label if f else e.method).format(model=e.model)
             e.suffix = ""
         # the same configuration measured by two suites: two table rows, each named by its suite
@@ -417,7 +427,6 @@ class RowSet:
         """The file a row was read from: ``<runs_dir>/<run_id>.json`` (where its study keeps it when unknown)."""
         if self.runs_dir is not None:
             return str(Path(self.runs_dir, f"{row.get('run_id')}.json"))
-        from harness.results import study_of
 
         st = study_of(row)
         return f"results/{st + '/' if st else ''}runs/{row.get('run_id')}.json"

@@ -1,5 +1,5 @@
 """Exponential moving average of the weights with a constant decay (the controlled study's recipe); the evaluated
-model uses the EMA weights. Both engines update it with :func:`ema_update_` and :func:`update_weight`.
+model uses the EMA weights. Both engines keep one :class:`EMA` (the DeepSpeed engine over each rank's partitions).
 
 Update ``t`` (1-based, one per optimizer step) moves the average towards the new weights ``w_t``:
 ``ema <- ema + u_t * (w_t - ema)``. The average starts at the base model's weights, so
@@ -41,8 +41,8 @@ def base_share(decay: float, steps: int, bias_correction: bool) -> float:
 
 
 def record(ema) -> dict | None:
-    """The results row's ``train_info["ema"]`` from an :class:`EMA` or the DeepSpeed engine's ``PartitionEMA``
-    after training: what the evaluated weights average (None: no EMA, the last iterate is evaluated)."""
+    """The results row's ``train_info["ema"]`` from an :class:`EMA` after training: what the evaluated weights
+    average (None: no EMA, the last iterate is evaluated)."""
     if ema is None:
         return None
     return {"decay": ema.decay, "bias_correction": ema.bias_correction, "steps": ema.steps,
@@ -58,31 +58,44 @@ def ema_update_(shadow: list[torch.Tensor], params: list[torch.Tensor], weight: 
     torch._foreach_lerp_(shadow, src, weight)
 
 
-class EMA:
-    """The single-process engine's EMA: an fp32 shadow of every trainable parameter, by name."""
+def whole(p: torch.Tensor) -> torch.Tensor:
+    """What one process holds of a parameter in the single engine: all of it."""
+    return p.data
 
-    def __init__(self, model: torch.nn.Module, decay: float, bias_correction: bool = False):
+
+class EMA:
+    """The one EMA of both engines: an fp32 shadow, by parameter name, of the piece of every trainable parameter this
+    process holds (``local``: :func:`whole` in the single engine; each rank's ZeRO-3 partition in the DeepSpeed
+    engine, ``harness.train.deepspeed_engine.partition``), updated once per optimizer step (:meth:`update`), copied
+    into those pieces after training (:meth:`copy_to`), and kept in a checkpoint with its update count
+    (:meth:`state_dict`, which the next bias-corrected update depends on)."""
+
+    def __init__(self, params, decay: float, bias_correction: bool = False, local=whole):
+        """``params``: a module (its trainable parameters) or ``(name, parameter)`` pairs."""
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.decay, self.bias_correction, self.steps = decay, bias_correction, 0
-        self.shadow = {n: p.detach().clone().float() for n, p in model.named_parameters() if p.requires_grad}
+        named = params.named_parameters() if isinstance(params, torch.nn.Module) else params
+        self.params = {n: p for n, p in named if p.requires_grad}
+        self.decay, self.bias_correction, self.steps, self.local = decay, bias_correction, 0, local
+        self.shadow = {n: local(p).detach().float().clone() for n, p in self.params.items()}
 
-    def update(self, model: torch.nn.Module) -> None:
+    def update(self) -> None:
         self.steps += 1
-        pairs = [(self.shadow[n], p) for n, p in model.named_parameters() if n in self.shadow]
-        ema_update_([s for s, _ in pairs], [p for _, p in pairs],
+        ema_update_(list(self.shadow.values()), [self.local(p) for p in self.params.values()],
                     update_weight(self.decay, self.steps, self.bias_correction))
 
     @torch.no_grad()
-    def copy_to(self, model: torch.nn.Module) -> None:
-        for n, p in model.named_parameters():
-            if n in self.shadow:
-                p.copy_(self.shadow[n].to(p.dtype))
+    def copy_to(self) -> None:
+        """The averages into the parameters (the evaluated weights)."""
+        for n, p in self.params.items():
+            self.local(p).copy_(self.shadow[n].to(self.local(p).dtype))
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "bias_correction": self.bias_correction, "steps": self.steps,
                 "shadow": self.shadow}
 
     def load_state_dict(self, sd: dict) -> None:
+        """A checkpoint's state (read on the CPU), each shadow placed where its parameter's piece lives."""
         self.decay, self.bias_correction, self.steps = sd["decay"], sd["bias_correction"], sd["steps"]
-        self.shadow = {k: v.clone() for k, v in sd["shadow"].items()}
+        self.shadow = {n: sd["shadow"][n].to(device=self.local(p).device, dtype=torch.float32, copy=True)
+                       for n, p in self.params.items()}

@@ -23,7 +23,7 @@ from harness.train import TrainArgs
 from harness.train.checkpoint import Store, load_state, read_file, save_error, save_state
 from harness.train.ema import EMA
 from harness.train.ema import record as ema_record
-from harness.train.step import add_document_positions, lr_lambda, micro_step, step_loss
+from harness.train.step import add_document_positions, micro_step, optimizer, scheduler, step_loss
 
 
 def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: int, rank: int = 0, world: int = 1):
@@ -38,11 +38,11 @@ def batches_for_step(chunks: np.ndarray, step: int, accumulation: int, micro: in
         yield ids
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
-def _set_rng_state(s: dict) -> None:
+def restore_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
@@ -54,7 +54,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, opt, sched, ema, fingerpri
     try:
         save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (shared tensors)
         save_state(tmp, "train_state", {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                        "ema": ema.state_dict() if ema else None, "rng": _rng_state()})
+                                        "ema": ema.state_dict() if ema else None, "rng": rng_state()})
         return store.publish(tmp, step, {"fingerprint": fingerprint, **info})
     except BaseException as e:
         store.discard(tmp)  # a full disk: free what this save took, so the failed row can still be written
@@ -74,7 +74,7 @@ def load_checkpoint(ckpt_dir: Path, fingerprint: str, model, opt, sched, ema) ->
         sched.load_state_dict(state["scheduler"])
         if ema and state["ema"]:
             ema.load_state_dict(state["ema"])
-        _set_rng_state(state["rng"])
+        restore_rng_state(state["rng"])
         return meta
 
     _, meta, _ = Store(ckpt_dir, fingerprint).load_newest(load)
@@ -95,13 +95,11 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         model.gradient_checkpointing_enable()
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
-    total = a.steps()
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
+    opt, total = optimizer(a, params), a.steps()
+    sched = scheduler(a, opt, total)
     ema = EMA(model, a.ema_decay, a.ema_bias_correction) if a.ema else None
     accumulation = a.accumulation()
-    start, resumed_from = 0, None
-    losses: list[float] = []
+    start, resumed_from, losses = 0, None, []
     meta = load_checkpoint(ckpt_dir, fingerprint, model, opt, sched, ema)
     if meta is not None:
         start = resumed_from = meta["step"]
@@ -125,7 +123,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         sched.step()
         opt.zero_grad(set_to_none=True)
         if ema:
-            ema.update(model)
+            ema.update()
         losses.append(loss)
         if progress:
             progress(step + 1, total, loss, tokens_per_step * (step + 1 - start) / max(1e-9, time.time() - t0),
@@ -139,9 +137,15 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     if not a.keep_checkpoints:
         Store(ckpt_dir, fingerprint).cleanup()  # finished: the weights go to the run directory
     if ema:
-        ema.copy_to(model)
+        ema.copy_to()
     model.eval()
     method.eval_mode(handle)
+    return train_info(a, ema, losses, start, resumed_from, wall)
+
+
+def train_info(a: TrainArgs, ema, losses: list, start: int, resumed_from: int | None, wall: float) -> dict:
+    """What the single engine did, for the row's ``train_info``: the recipe as run, the EMA, the losses, the speed."""
+    total, accumulation, tokens_per_step = a.steps(), a.accumulation(), a.global_batch * a.seq_len
     return {
         "engine": "single", "steps": total, "resumed_from_step": resumed_from,
         "tokens_seen": tokens_per_step * total, "seq_len": a.seq_len,

@@ -26,6 +26,22 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
+def adamw_settings(a) -> dict:
+    """The recipe's AdamW settings (``TrainArgs``: lr, betas, weight decay; eps torch's default): the one source of
+    both engines' optimizer, the torch AdamW and DeepSpeed's JSON alike."""
+    return {"lr": a.lr, "betas": tuple(a.betas), "eps": 1e-8, "weight_decay": a.weight_decay}
+
+
+def optimizer(a, params: list, fused: bool = False) -> torch.optim.AdamW:
+    """The recipe's optimizer over ``params`` (``fused``: torch's fused kernel, on the GPU partitions)."""
+    return torch.optim.AdamW(params, **adamw_settings(a), **({"fused": True} if fused else {}))
+
+
+def scheduler(a, opt, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The recipe's LR schedule over ``total`` optimizer steps (:func:`lr_lambda`), both engines."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
+
+
 def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None) -> torch.Tensor:
     """Forward + backward of one micro-batch, loss scaled by 1/accumulation. Returns the unscaled loss as a
     detached 0-d tensor: no host sync here (on GPU a per-micro-batch ``.item()`` stalls the launch queue between

@@ -1,5 +1,6 @@
-"""Fused attention backends for the methods whose attention is not plain causal (not a method: the leading
-underscore keeps it out of the registry's autoload). Selected by config, ``attention.backend``:
+"""Fused attention backends for the methods whose attention is not plain causal (not a method: it registers nothing;
+the pipeline, the ranks and the benchmarks use it through its public names). Selected by config,
+``attention.backend``:
 
 - ``reference``: the methods' own blocked tile loops (``_blockwise.py`` and the method files): the tested reference;
 - ``flex``: ``torch.nn.attention.flex_attention`` with block masks (``create_block_mask``), no new kernel;
@@ -256,12 +257,12 @@ def merge(parts) -> torch.Tensor:
     return out / torch.where(den > 0, den, torch.ones_like(den))[..., None]
 
 
-def _result(out: torch.Tensor, query: torch.Tensor):
+def attention_result(out: torch.Tensor, query: torch.Tensor):
     """An AttentionInterface return value: (out [B, L, H, D] in the query's dtype, no weights)."""
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-def _context(query, key, attention_mask, position_ids):
+def attention_context(query, key, attention_mask, position_ids):
     b, _, lq, _ = query.shape
     kv = key.shape[2]
     q_pos, k_pos = bw.positions(position_ids, b, lq, kv, query.device)
@@ -273,7 +274,7 @@ def _context(query, key, attention_mask, position_ids):
 def self_extend(module, query, key, value, attention_mask, scale: float, position_ids, window: int, group: int,
                 shift: float):
     """Self-Extend (neighbour band + grouped positions, one softmax) as two flex calls merged by log-sum-exp."""
-    q_pos, k_pos, valid, off = _context(query, key, attention_mask, position_ids)
+    q_pos, k_pos, valid, off = attention_context(query, key, attention_mask, position_ids)
     inv = module.harness_inv_freq
     near, tensors = band(q_pos, k_pos, valid, off, hi=window)
     parts = [flex(query, key, value, near, ("se_near", window, off), tensors, scale, lse=True)]
@@ -284,7 +285,7 @@ def self_extend(module, query, key, value, attention_mask, scale: float, positio
         k_grp = bw.rotate(key.float(), kg_pos - k_pos, inv).to(key.dtype)
         far, tensors = band(q_pos, k_pos, valid, off, lo=window)
         parts.append(flex(q_grp, k_grp, value, far, ("se_far", window, off), tensors, scale, lse=True))
-    return _result(merge(parts), query)
+    return attention_result(merge(parts), query)
 
 
 # ---------------------------------------------------------------------------------------------------- LM-Infinite
@@ -292,7 +293,7 @@ def lm_infinite(module, query, key, value, attention_mask, scale: float, positio
                 limit: int):
     """LM-Infinite's Lambda mask: the local band through flex, the (at most n_global) global keys seen at the
     clipped distance as a small dense matmul, merged by log-sum-exp."""
-    q_pos, k_pos, valid, off = _context(query, key, attention_mask, position_ids)
+    q_pos, k_pos, valid, off = attention_context(query, key, attention_mask, position_ids)
     inv = module.harness_inv_freq
     b, h, lq, d = query.shape
     n_kv, kv = key.shape[1], key.shape[2]
@@ -318,7 +319,7 @@ def lm_infinite(module, query, key, value, attention_mask, scale: float, positio
         p = torch.exp(s - torch.where(seen, lse, 0.0)[..., None]) * glob
         out = torch.matmul(p, value[:, :, None, :g_end].float())  # [B, H_kv, g, Lq, D]
         parts.append((out.reshape(b, h, lq, d), lse.reshape(b, h, lq)))
-    return _result(merge(parts), query)
+    return attention_result(merge(parts), query)
 
 
 # ---------------------------------------------------------------------------------------------------- S2-Attn
@@ -342,7 +343,7 @@ def s2(query, key, value, attention_mask, scale: float, group: int, shift: bool,
             return ((qi >= ki) & ok & (qi // group == ki // group)) | (qi == ki)
 
         o = flex(q, k, v, rolled, ("s2_roll", group, h0), (valid,), scale, heads=True)
-        return _result(torch.cat([o[:, :h0], o[:, h0:].roll(group // 2, 2)], dim=1), query)
+        return attention_result(torch.cat([o[:, :h0], o[:, h0:].roll(group // 2, 2)], dim=1), query)
     front = group - group // 2  # forward_flashattn: segments [0, G//2), [G//2, G//2 + G), ... on shifted heads
 
     def segments(bi, hi, qi, ki):
@@ -350,7 +351,7 @@ def s2(query, key, value, attention_mask, scale: float, group: int, shift: bool,
         sk = torch.where(hi < h0, ki // group, (ki + front) // group)
         return ((qi >= ki) & valid[bi, ki] & (sq == sk)) | (qi == ki)
 
-    return _result(flex(query, key, value, segments, ("s2", group, h0), (valid,), scale, heads=True), query)
+    return attention_result(flex(query, key, value, segments, ("s2", group, h0), (valid,), scale, heads=True), query)
 
 
 # ---------------------------------------------------------------------------------------------------- documents
@@ -383,7 +384,7 @@ def causal_attention(module, query, key, value, attention_mask, scaling=None, dr
     q_pos = torch.zeros(b, lq, dtype=torch.int64, device=query.device)
     k_pos = torch.zeros(b, kv, dtype=torch.int64, device=query.device)
     mask, tensors = band(q_pos, k_pos, valid, off, docs=docs)
-    return _result(flex(query, key, value, mask, ("causal", off, docs is not None), tensors, scale), query)
+    return attention_result(flex(query, key, value, mask, ("causal", off, docs is not None), tensors, scale), query)
 
 
 bw.register_attention(CAUSAL_NAME, causal_attention)

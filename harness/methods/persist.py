@@ -1,4 +1,4 @@
-"""Save and load that keep the method (not a method: the leading underscore keeps it out of the registry's autoload).
+"""Save and load that keep the method (not a method: it registers nothing; ``harness.api`` and the pipeline use it).
 
 A model extended by a method (``Method.apply`` records ``model.harness_method``, ``model.harness_native_ctx`` and
 the model as it was before, ``model.harness_before``) is saved in one of two ways, chosen by what the model now is,

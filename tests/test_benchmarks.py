@@ -50,7 +50,7 @@ def test_no_benchmark_sets_the_window_or_the_model_by_hand():
 def _errors(x, where="") -> list[str]:
     """Every ``error`` key (a failed part a benchmark recorded and went on) inside a benchmark's results."""
     if isinstance(x, dict):
-        return [f"{where}.{k}: {v}" for k, v in x.items() if k == "error"] + [
+        return [f"{where}.{k}: {v}" for k, v in x.items() if k == "error" and v is not None] + [
             e for k, v in x.items() for e in _errors(v, f"{where}.{k}")]
     if isinstance(x, list):
         return [e for i, v in enumerate(x) for e in _errors(v, f"{where}[{i}]")]

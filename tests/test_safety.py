@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness import safe
+from harness.evals import Spec
 from harness.results import read_rows, read_rows_in
 from tests.conftest import ROOT
 
@@ -192,6 +193,7 @@ class _Stub:
 
     version = 1
     args = _NoSettings()
+    spec = Spec(metric="accuracy")
 
     def __init__(self, out):
         self.out = out

@@ -48,7 +48,7 @@ EVAL_YAML = "name: intree_eval\nsamples: 3\nlengths: ${eval.lengths}\n"
 def readme_example() -> dict:
     """The README's example method: its two code blocks, each headed by the path it goes to."""
     out = {}
-    for lang, body in re.findall(r"```(python|yaml)\n(# (?:harness/methods|conf/method)/[^\n]+\n.*?)```", README,
+    for _lang, body in re.findall(r"```(python|yaml)\n(# (?:harness/methods|conf/method)/[^\n]+\n.*?)```", README,
                                  re.S):
         path = body.splitlines()[0][2:].strip()
         out[path] = body

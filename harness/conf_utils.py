@@ -137,12 +137,64 @@ def hub_name(path):
     return name if is_safe_name(name) else "hub"
 
 
+EVERY_METHOD = "every_method"  # study.every_method: {trains: <train recipe>, frozen: <train recipe>} in an experiment
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def generated_points() -> dict:
+    """``{experiment: {method: node}}``: the sweep points an experiment takes from the method registry. An experiment
+    whose YAML declares ``study.every_method: {trains: <recipe>, frozen: <recipe>}`` has, for every method YAML
+    (``conf/method/*.yaml``, a plugin's included) with no ``conf/point/<experiment>/<method>.yaml``, the point
+    ``<experiment>/<method>``: the method, the train recipe its ``facts.trains`` chooses and ``study.row`` = its
+    ``facts.label``. A point file stays only for a true variant (other settings, another row name, a label that
+    names the model). Composed exactly as the file it replaces would be (the same config, so the same hash)."""
+    out: dict = {}
+    methods = {p.stem: p for d in reversed(conf_dirs()) for p in (d / "method").glob("*.yaml")}
+    for d in conf_dirs():
+        for exp in (d / "experiment").glob("*.yaml"):
+            rule = (_yaml(exp).get("study") or {}).get(EVERY_METHOD)
+            if not isinstance(rule, dict):
+                continue
+            files = {p.stem for dd in conf_dirs() for p in (dd / "point" / exp.stem).glob("*.yaml")}
+            for name, path in sorted(methods.items()):
+                facts = _yaml(path).get("facts") or {}
+                label = str(facts.get("label") or "")
+                if name in files or not label or "{" in label:
+                    continue
+                recipe = rule["trains" if facts.get("trains") else "frozen"]
+                out.setdefault(exp.stem, {})[name] = {
+                    "defaults": [{"override /method": name}, {"override /train": str(recipe)}],
+                    "study": {"row": label}}
+    return out
+
+
+def register_generated_points() -> None:
+    """Store :func:`generated_points` in Hydra's ConfigStore (group ``point/<experiment>``, package ``_global_``),
+    where ``point=<experiment>/<method>`` finds them as it finds a file."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for exp, nodes in generated_points().items():
+        for name, node in nodes.items():
+            cs.store(group=f"point/{exp}", name=name, node=node, package="_global_")
+
+
 def _points(experiment):
     """``${points:tiny_study}`` -> every sweep point of an experiment, ``conf/point/<experiment>/*.yaml`` (a plugin's
-    ``conf/`` included), as Hydra's choice list ``tiny_study/abf, tiny_study/base, ...`` (sorted): an experiment's
-    sweep finds its points, so adding one is adding its file."""
+    ``conf/`` included) and the points it takes from the method registry (:func:`generated_points`), as Hydra's
+    choice list ``tiny_study/abf, tiny_study/base, ...`` (sorted): an experiment's sweep finds its points, so adding
+    one is adding its file, or, in an experiment with ``study.every_method``, adding the method."""
     found = [p for d in conf_dirs() for p in (d / "point" / str(experiment)).glob("*.yaml")]
-    names = sorted({f"{experiment}/{p.stem}" for p in found})
+    names = sorted({f"{experiment}/{p.stem}" for p in found}
+                   | {f"{experiment}/{m}" for m in generated_points().get(str(experiment), {})})
     if not names:
         raise ValueError(f"points: no sweep point in conf/point/{experiment}/ (valid: a folder of conf/point)")
     return ", ".join(names)
@@ -174,6 +226,7 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+register_generated_points()
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config", with_hydra: bool = False):

@@ -104,7 +104,8 @@ NOT_IN_CONFIG_HASH = ("paths", "device", "eval_world_size", "logger",
                       "train.save_every", "train.log_every", "train.keep_checkpoints",
                       "method.facts",  # method.facts: what the tables know about a method, not a setting
                       "model.shape",  # model.shape: the checkpoint's layer shapes for the plan, not a setting
-                      "cost")  # cost.limit_s: a budget checked before the run, not a setting
+                      "cost",  # cost.limit_s: a budget checked before the run, not a setting
+                      "study.every_method")  # how an experiment finds its points, not a setting of one
 # the rule before issue 46 (paths and the bookkeeping keys were in): every committed row's recorded hash is its
 # config's under it (tests/test_config_hash.py), so recomputing on read changes no match
 LEGACY_NOT_IN_CONFIG_HASH = ("device", "eval_world_size", "data.max_tokens", "data.scale", "data.larger",

@@ -60,7 +60,7 @@ gpu-check:
 	$(PYTHON) -m pip install --no-index --no-deps --find-links $(WHEELHOUSE) $(WHEELHOUSE)/*.whl
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) scripts/gpu_check.py $(ARGS)
 else
-gpu-check: setup ## the first hour on a GPU, one command (one time budget, default ~11.5 min on an H200): every method at 2C/4C in its own process (4 at a time) via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
+gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process (6 at a time) via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
 	$(PY) scripts/gpu_check.py $(ARGS)
 endif
 

@@ -136,10 +136,13 @@ def test_default_model_has_llama2_7b_layers_and_the_shipped_tokenizer():
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
-def test_the_default_budget_is_the_expected_seconds_of_what_runs():
+def test_the_default_budget_holds_the_expected_seconds_of_what_runs():
     g = gpu_check()
     e = g.expected_seconds(22, 4, set())
     assert e["methods"] == g.EXPECTED_S["method"] * 6  # 22 methods, 4 at a time: 6 rounds
+    # the default: every shipped method, GPU_JOBS at a time, and every other part fit the default budget
+    n = len(list((ROOT / "conf" / "method").glob("*.yaml")))
+    assert sum(g.expected_seconds(n, g.GPU_JOBS, set()).values()) <= g.BUDGET_S
     assert set(e) == {"hub", "methods", "train", "data_parallel", "bench_gpu"}
     assert set(g.expected_seconds(3, 4, {"train", "bench_gpu"})) == {"hub", "methods", "data_parallel"}
     assert g.expected_seconds(3, 1, set())["methods"] == 3 * g.EXPECTED_S["method"]

@@ -543,6 +543,12 @@ def read_json_file(path: str | Path, root: str | Path | None = None, max_bytes: 
         os.close(fd)
     if len(text) > max_bytes:
         return None, f"over the {max_bytes}-byte limit of a results file (it grew while read)"
+    return decode_json(text, max_depth)
+
+
+def decode_json(text: bytes, max_depth: int) -> tuple[object, str | None]:
+    """``(value, None)`` for bytes that are UTF-8 JSON nested at most ``max_depth`` levels, else ``(None, why)``:
+    empty, not UTF-8, not JSON (truncated), or nested deeper."""
     if not text.strip():
         return None, "empty file"
     try:
@@ -574,21 +580,8 @@ def _deeper_than(obj, limit: int) -> bool:
 def row_problem(text: bytes) -> tuple[dict | None, str | None]:
     """``(row, None)`` for the bytes of a row file that is a UTF-8 JSON object with string ``REQUIRED_KEYS``, else
     ``(None, why)``: empty, not UTF-8, not JSON (truncated), JSON that is not an object, or a key missing."""
-    if not text.strip():
-        return None, "empty file"
-    try:
-        s = text.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"not UTF-8 (byte 0x{text[e.start]:02x} at offset {e.start})"
-    try:
-        obj = json.loads(s)
-    except RecursionError:
-        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-    except ValueError as e:
-        return None, f"not JSON, truncated? ({e})"
-    if _deeper_than(obj, MAX_JSON_DEPTH):
-        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-    return obj, check_row(obj)
+    obj, why = decode_json(text, MAX_JSON_DEPTH)
+    return (None, why) if why else (obj, check_row(obj))
 
 
 def check_row(obj) -> str | None:

@@ -156,6 +156,15 @@ def test_plugin_method_and_evaluator_reach_every_consumer(plugins, tmp_path):
     assert facts("toy_rope").trains and not facts("toy_rope").beyond_paper
 
 
+def test_a_plugin_method_is_a_point_of_the_tiny_study(plugins):
+    """``study.every_method``: the plugin's method (listed after the harness was imported) is a point of the tiny
+    study with no point file, fine-tuned because its facts say so, its row named by its label."""
+    jobs = sweeps.expand(["experiment=tiny_study"])
+    assert ["point=tiny_study/toy_rope"] in [[o for o in j if o.startswith("point=")] for j in jobs]
+    cfg = sweeps.compose(["experiment=tiny_study", "point=tiny_study/toy_rope"])
+    assert cfg.method.name == "toy_rope" and cfg.study.row == "Toy-RoPE" and cfg.train.enabled
+
+
 def test_component_without_its_facts_fails_when_it_registers(plugins):
     class NoFacts(Method):
         pass

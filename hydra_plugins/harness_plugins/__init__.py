@@ -8,7 +8,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class HarnessPluginsSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from harness.conf_utils import plugin_conf_dirs
+        from harness.conf_utils import plugin_conf_dirs, register_generated_points
 
         for d in plugin_conf_dirs():
             search_path.append(provider="harness-plugin", path=f"file://{d}")
+        register_generated_points()  # the points an experiment takes from every method, a plugin's included

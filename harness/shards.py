@@ -126,14 +126,7 @@ def is_done(rdir: Path, shard: Shard) -> bool:
     return bool(rec) and rec.get("status") == "ok"
 
 
-def deep_merge(a, b):
-    """Union of two evaluator outputs: dicts merge key by key (recursively), anything else: ``b`` wins."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = deep_merge(out[k], v) if k in out else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(b)
+deep_merge = pipeline.merge_outputs  # union of two evaluator outputs: dicts key by key, anything else: b wins
 
 
 # ------------------------------------------------------------------------------------------------------ the row

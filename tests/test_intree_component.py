@@ -15,33 +15,13 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_components import EVAL_PY as PLUGIN_EVAL_PY
 
 pytestmark = pytest.mark.integration
 
 README = (ROOT / "README.md").read_text()
-EVAL_PY = '''
-from dataclasses import dataclass
-
-from harness.evals import EVALS, EvalArgs, Spec, lengths_within
-
-
-@EVALS.register("intree_eval")
-class IntreeEval:
-    spec = Spec(metric="accuracy")
-
-    @dataclass
-    class Args(EvalArgs):
-        samples: int = 3
-
-    def __init__(self, args):
-        self.args = args
-
-    def count_prompts(self, lengths, limit):
-        return {L: self.args.samples for L in lengths_within(self.args.lengths, lengths, limit)}, "samples x lengths"
-
-    def run(self, handle, method, ctx):
-        return {"accuracy": {}}
-'''
+# the plugin proof's evaluator (tests/test_components.py), kept in the tree under its own name
+EVAL_PY = PLUGIN_EVAL_PY.replace("toy_eval", "intree_eval").replace("ToyEval", "IntreeEval")
 EVAL_YAML = "name: intree_eval\nsamples: 3\nlengths: ${eval.lengths}\n"
 
 

@@ -170,16 +170,21 @@ def facts(name_or_row) -> Facts | None:
     if isinstance(name_or_row, dict):
         key = row_key(name_or_row)
         recorded = ((name_or_row.get("config") or {}).get("method") or {}).get("facts")
+        if isinstance(recorded, dict) and recorded.get("key") == key:  # what the row recorded comes first
+            base = declared(str(name_or_row.get("method") or ""))
+            try:
+                return _facts_of(key, {**(dataclasses.asdict(base) if base else {}), **recorded},
+                                 f"row method.facts of {key}")
+            except ConfigError:  # facts recorded under an older Facts: the declaration below reads the row
+                pass
     else:
-        key, recorded = str(name_or_row), None
+        key = str(name_or_row)
     own = declared(key)
     if own is not None:
         return own
-    for method, pf in variants().values():
+    for method, pf in variants().values():  # rows recorded before their facts were: the sweep point's declaration
         if pf.get("key") == key and declared(method or "") is not None:
             return _facts_of(key, {**dataclasses.asdict(declared(method)), **pf}, f"the point of {key}")
-    if isinstance(recorded, dict) and recorded.get("key") == key:
-        return _facts_of(key, recorded, f"row method.facts of {key}")
     return None
 
 

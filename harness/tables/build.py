@@ -39,7 +39,7 @@ def is_second(rs: RowSet, model: str) -> bool:
 def attention(rs: RowSet, e: Entry) -> str:
     """The entry's attention family (``harness.methods.facts``); a row of no method (a factor search) is placed
     with the exact ones."""
-    f = METHODS.facts(e.method)
+    f = e.facts
     return f.family if f else "exact"
 
 
@@ -592,7 +592,7 @@ def _summary_order(rs: RowSet, paper: Paper, e: Entry):
     """Frozen before fine-tuned, exact before approximate attention; within a group the base model, then the
     paper's methods in its Table 1 order, then the others (those the paper did not study last), by label."""
     keys = ["base"] + [r["key"] for r in paper.table("table1")["rows"]]
-    f = METHODS.facts(e.method)
+    f = e.facts
     return (not e.frozen, attention(rs, e) != "exact", bool(f and f.beyond_paper),
             keys.index(e.method) if e.method in keys else len(keys), e.label)
 

@@ -293,7 +293,7 @@ class Evidence:
     def beyond_paper(self, e: Entry) -> bool:
         """A method the paper did not study (its facts say ``beyond_paper``): never in a finding's parts, reported
         beside the findings that range over "every other configuration" as a control."""
-        f = METHODS.facts(e.method)
+        f = e.facts
         return bool(f and f.beyond_paper)
 
     def family(self, e: Entry) -> str:

@@ -211,6 +211,13 @@ class Entry:
         return native_ctx(self.newest)
 
     @property
+    def facts(self):
+        """The method's facts as its newest row recorded them (``harness.methods.facts`` of a row); the registry's by
+        the entry's key for a row that recorded none under that key (the Dynamic NTK class split by training)."""
+        f = METHODS.facts(self.newest) if self.rows else None
+        return f if f is not None and f.key == self.method else METHODS.facts(self.method)
+
+    @property
     def frozen(self) -> bool:
         return is_frozen(self.newest)
 
@@ -301,7 +308,7 @@ class RowSet:
         label, then `` #2``, `` #3`` (by first run time) when configurations still collide. ``legend()`` says what
         each label stands for."""
         for e in self.entries:
-            f = METHODS.facts(e.method)
+            f = e.facts
             e.label = (f.label if f else e.method).format(model=e.model)
             e.suffix = ""
         # the same configuration measured by two suites: two table rows, each named by its suite

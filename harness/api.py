@@ -29,6 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import (
+    lifecycle,
+    models,  # models.build_model read at call time: the tests stand in a loader that loads nothing
+    pipeline,
+    plan,
+)
 from harness.conf_utils import checkpoint_config, compose, find_conf, group_defaults, hf_dtype, hub_name
 from harness.config import ConfigError
 from harness.evals import EVALS
@@ -121,7 +127,6 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
     method that adds a token (``landmark``). ``backend``: ``attention.backend`` of ``conf/config.yaml``. A setting
     of the model's config the method does not apply (a sliding window) is printed. Raises ``ConfigError`` (one line)
     for an unknown method or setting, an impossible value, or a model already extended."""
-    from harness import pipeline
 
     if getattr(getattr(model, "harness_method", None), "name", "base") != "base":  # base changes nothing
         raise ConfigError(f"extend: the model is already extended with method {model.harness_method.name!r}; extend a "
@@ -152,7 +157,6 @@ def load(path: str | Path, *, method: str | None = None, native_ctx: int | None 
 
     ``dtype``: float32 | bfloat16 | float16 (default: the checkpoint's); ``device``: ``auto``, ``cpu``, ``cuda:N``
     (default: the CPU)."""
-    from harness import pipeline
 
     path = str(path)
     rec = record(path) if os.path.isdir(path) else None
@@ -162,9 +166,8 @@ def load(path: str | Path, *, method: str | None = None, native_ctx: int | None 
     c = int(native_ctx or (rec or {}).get("native_ctx") or _folder_cfg(path).get("max_position_embeddings") or 0)
     if c < 1:
         raise ConfigError(f"load: {path} has no max_position_embeddings in config.json; pass native_ctx=<C tokens>")
-    from harness.models import build_model  # at call time: the tests stand in a loader that loads nothing
 
-    handle = build_model({"name": hub_name(path), "builder": "hub", "path": path, "native_ctx": c,
+    handle = models.build_model({"name": hub_name(path), "builder": "hub", "path": path, "native_ctx": c,
                           "dtype": dtype or hf_dtype(path), "attn_implementation": attn_implementation},
                          device=device)
     if rec:
@@ -201,7 +204,6 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     finished as ``failed``."""
     from omegaconf import OmegaConf, open_dict
 
-    from harness import lifecycle
 
     if (suite is None) == (evaluator is None):
         raise ConfigError("evaluate: give exactly one of suite=<conf/eval name> or evaluator=<registered name>")
@@ -267,7 +269,6 @@ def run(cfg, r, *, handle=None, on_result=None, train_progress=None, eval_progre
     """The stages of one run, recorded into ``r`` (a ``harness.lifecycle.Run``): ``run.py``'s and
     :func:`evaluate`'s. ``handle``: a model already loaded (a ``ModelHandle``; its method applied or not), else the
     config's model is loaded."""
-    from harness import pipeline, plan
 
     s = pipeline.setup(cfg)                                                       # 0. every group, fail fast
     method = getattr(handle.model, "harness_method", None) if handle is not None else None

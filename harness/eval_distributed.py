@@ -42,7 +42,15 @@ from pathlib import Path
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, to_args
+from harness.device import accelerator
+from harness.evals import EvalContext, build_evaluators, set_writer
+from harness.evals.eval_progress import EvalProgress
+from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
+from harness.methods import build_method
+from harness.methods.flex import AttentionArgs, set_backend
+from harness.models import build_model, gpus_of, release
+from harness.train.zero.launch import run_torchrun, watch_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "scripts" / "eval_distributed.py"
@@ -85,7 +93,6 @@ def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path, gpus:
     factors = (getattr(method, "resolved", None) or {}).get("factors_file")
     if getattr(method.args, "recovery", "") and factors:  # LongRoPE after recovery: the recovered factors
         plain["method"]["factors"] = str(factors)
-    from harness.models import gpus_of
 
     spec = {"config": plain, "suite": suite, "run_dir": str(Path(run_dir).resolve()),
             "gpus_per_replica": gpus_of(handle) if gpus is None else int(gpus),
@@ -97,7 +104,6 @@ def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path, gpus:
 
 def release_gpu(handle) -> None:
     """The parent's model copy leaves the GPU (the ranks need its memory): ``harness.models.release``."""
-    from harness.models import release
 
     release(handle)
 
@@ -123,7 +129,6 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
                       gpus: int | None = None):
     """Evaluate ``suite`` in ``world`` ranks; yields ``(key, output, seconds)`` per entry, in suite order, as rank 0
     finishes each (see the module docstring)."""
-    from harness.train.zero.launch import run_torchrun
 
     job = Path(run_dir) / "eval_job"
     out = job / "out"
@@ -165,7 +170,6 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
 # ------------------------------------------------------------------------------------------------ rank side
 def _build_model(model_cfg, device: torch.device, gpus: int = 1):
     """The rank's replica: on ``device``, or split over ``gpus`` GPUs from it on (``harness.models.place``)."""
-    from harness.models import build_model
 
     return build_model(model_cfg, device=device, device_map=gpus if gpus > 1 else None)
 
@@ -175,7 +179,6 @@ def _rank_progress(rank: int, world: int):
     log; the other ranks stay quiet."""
     if rank != 0:
         return None
-    from harness.evals.eval_progress import EvalProgress
 
     class RankProgress(EvalProgress):
         def __call__(self, entry, done, total):
@@ -195,12 +198,6 @@ def eval_rank(spec_path: str | Path) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from harness.config import to_args
-    from harness.evals import EvalContext, build_evaluators, set_writer
-    from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
-    from harness.methods import build_method
-    from harness.methods.flex import AttentionArgs, set_backend
-    from harness.train.zero.launch import watch_launcher
 
     watch_launcher()
     spec = json.loads(Path(spec_path).read_text())
@@ -209,7 +206,6 @@ def eval_rank(spec_path: str | Path) -> None:
     gpus = int(spec.get("gpus_per_replica", 1))
     on_gpu = torch.cuda.is_available()
     if on_gpu:  # rank r holds GPUs r*g .. r*g + g - 1 (g = 1: its own GPU)
-        from harness.device import accelerator
 
         torch.cuda.set_device(local * gpus)
         device = accelerator(local * gpus)

@@ -22,6 +22,10 @@ import dataclasses
 import os
 import sys
 
+from harness import api
+from harness.evals.short_context import contract_class
+from harness.methods import METHODS
+
 MODEL_NAME = "harness"
 OWN_KEYS = ("pretrained", "method", "native_ctx", "dtype")
 
@@ -29,7 +33,6 @@ OWN_KEYS = ("pretrained", "method", "native_ctx", "dtype")
 def split_args(method: str | None, kwargs: dict) -> tuple[dict, dict]:
     """``(method settings, HFLM arguments)`` of ``--model_args`` beyond ``OWN_KEYS``: a key of the method's
     ``Args`` is a setting; any other goes to lm-eval's ``HFLM``."""
-    from harness.methods import METHODS
 
     if not method:
         return {}, dict(kwargs)
@@ -45,7 +48,6 @@ def register():
 
     if MODEL_NAME in model_registry:
         return get_model(MODEL_NAME)
-    from harness.evals.short_context import contract_class
 
     @register_model(MODEL_NAME)
     class HarnessLM(contract_class()):
@@ -53,7 +55,6 @@ def register():
 
         def __init__(self, pretrained: str, method: str | None = None, native_ctx: int | None = None,
                      dtype: str | None = None, **kwargs):
-            from harness import api
 
             settings, rest = split_args(method, kwargs)
             import torch

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness import codeversion, models, results, search  # codeversion, models: read at call time (tests stand in)
 from harness import progress as plog
-from harness import results, search
 from harness.config import AUTOCAST, ConfigError, to_args
 from harness.data import build_data, check_budget
+from harness.eval_distributed import evaluate_parallel, resolve_world_size
 from harness.evals import (
     EvalContext,
     build_evaluators,
@@ -44,8 +45,9 @@ from harness.models import (
     visible_gpus,
 )
 from harness.safe import NonFinite, UnsafeName, check_finite, check_name
-from harness.train import TrainArgs
+from harness.train import TrainArgs, loop  # loop: read at call time (tests stand in a loop that trains nothing)
 from harness.train.checkpoint import share
+from harness.train.deepspeed_engine import launch
 from harness.train.step import check_finite_weights
 
 
@@ -279,10 +281,9 @@ def placement(cfg, suite: Suite, method, device) -> dict:
     """``{entry: {L: GPUs one replica spans}}`` for every evaluator and length of ``suite``: the rule of
     ``harness.evals.replica_gpus`` -- the one ``make plan`` uses -- with the checkpoint's shape and ``device``'s free
     memory, capped at the GPUs visible from ``device``; ``{}`` off a GPU or with one visible."""
-    from harness.models import available_memory  # at call time: the tests stand in a node's free memory
 
     visible = visible_gpus(device)
-    free = available_memory(device) if visible > 1 else None
+    free = models.available_memory(device) if visible > 1 else None
     if not free:
         return {}
     shape, itemsize = checkpoint_shape(cfg.model)
@@ -343,13 +344,9 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
     plog.done("data", t0, f"{len(chunks)} sequences")
     t0 = plog.stage("fine-tune", f"{a.steps()} steps of {a.global_batch} x {a.seq_len} tokens, engine {a.engine}")
     if a.engine == "deepspeed":
-        from harness.train.deepspeed_engine import launch
-
         info = launch(cfg, handle, method, a, ckpt_dir, fingerprint, Path(run_dir))
     else:
-        from harness.train.loop import finetune as single  # at call time: the tests stand in a loop that trains nothing
-
-        info = single(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
+        info = loop.finetune(handle, method, chunks, a, ckpt_dir, fingerprint, progress)
     check_finite_weights(handle.model, f"fine-tuning ({info.get('steps', '?')} steps)")  # the last update's NaN
     plog.done("fine-tune", t0)
     # the method's own stage on the tuned model, before the gate sees it (LongRoPE: its short factors' search)
@@ -387,9 +384,8 @@ def resume_key(cfg) -> str:
     for g in ("model", "method", "data", "train"):
         node = OmegaConf.to_container(cfg[g], resolve=True)
         groups[g] = {k: v for k, v in node.items() if k not in NOT_IN_RESUME_KEY.get(g, ())}
-    from harness.codeversion import train_code_version  # at call time: the tests stand in another code version
 
-    return results.config_hash({**groups, "code": train_code_version()})
+    return results.config_hash({**groups, "code": codeversion.train_code_version()})
 
 
 def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = None, progress=None):
@@ -417,8 +413,6 @@ def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = 
         world = eval_world_size(cfg, handle, gpus=run[0].gpus)
         parts = [group_suite(suite, grp) for grp in run]
         if world > 1:
-            from harness.eval_distributed import evaluate_parallel
-
             nodes = {grp.key: part.nodes[grp.key] for grp, part in zip(run, parts)}
             results = evaluate_parallel(cfg, handle, method, run_dir, nodes, world, gpus=run[0].gpus)
         else:
@@ -459,7 +453,6 @@ def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
     """``eval_world_size``: ``auto`` (the replicas the visible CUDA GPUs hold: one per GPU, or one per g GPUs when a
     replica spans g of them: ``gpus``, else the loaded model's; 1 on CPU) or an integer >= 1, resolved; one line
     naming the key otherwise."""
-    from harness.eval_distributed import resolve_world_size
 
     if gpus is None:
         gpus = gpus_of(handle) if handle is not None else 1

@@ -4,7 +4,16 @@ its composition errors come back here (``refuse``). It sits above the pipeline, 
 the registries it names in its messages; ``harness.conf_utils`` (below everything) only composes."""
 from __future__ import annotations
 
+from harness import pipeline, submit, sweeps
 from harness.conf_utils import CONF_DIR, compose
+from harness.config import ConfigError
+from harness.lifecycle import fail_before_compose
+from harness.methods import METHODS
+from harness.models import MODELS
+from harness.safe import env_setting
+from harness.sweeps import SweepJobError, first_values
+from harness.train import TrainArgs
+from harness.train.zero.launch import one_node_step
 
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--resolve", "--version", "--shell-completion", "-sc")
 
@@ -30,8 +39,6 @@ def precheck_or_exit(argv: list[str]) -> None:
         if multirun:
             _precheck_sweep(overrides, "config", _validate_run)
         else:
-            from harness.train.zero.launch import one_node_step
-
             one_node_step()  # inside a Slurm job: one node per run
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         refuse(e, overrides)
@@ -57,7 +64,6 @@ def is_config_error(e: BaseException) -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from harness.config import ConfigError
 
     return isinstance(e, (HydraException, OmegaConfBaseException, ConfigError))
 
@@ -77,7 +83,6 @@ def refuse(e: BaseException, overrides: list[str], config_name: str = "config") 
     leave a failed row in the results directory it names, exit 2."""
     import sys
 
-    from harness.lifecycle import fail_before_compose
 
     line = explain(e, overrides, config_name)
     problem = fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
@@ -100,7 +105,6 @@ def _submit_to_slurm(argv: list[str]) -> bool:
     one line (and a failed row) when a point or the launch is refused; False for any other launcher."""
     import sys
 
-    from harness import sweeps
 
     overrides = [a for a in argv if not a.startswith("-")]
     try:
@@ -110,7 +114,6 @@ def _submit_to_slurm(argv: list[str]) -> bool:
         return False
     if not slurm:
         return False
-    from harness import submit
 
     try:
         submit.submit(overrides, cluster="slurm")
@@ -143,7 +146,6 @@ def _results_dir_of(overrides: list[str]) -> str:
     """Where the failed row of a command line that does not compose goes: its own ``paths.results_dir=`` override
     (the last one; a sweep's comma list takes its first value) or, as the config does, ``$HARNESS_RESULTS_DIR`` or
     ``results``."""
-    from harness.safe import env_setting
 
     for o in reversed(overrides):
         key, sep, value = o.lstrip("+~").partition("=")
@@ -167,15 +169,10 @@ def precheck_sweep_or_exit(argv: list[str], config_name: str, validate) -> None:
 
 
 def _validate_run(cfg) -> None:
-    from harness import pipeline
-
     pipeline.validate(cfg, data=False)  # data: the jobs check it where they run
 
 
 def _precheck_sweep(overrides: list[str], config_name: str, validate) -> None:
-    from harness import sweeps
-    from harness.sweeps import SweepJobError
-
     for job in sweeps.expand(overrides, config_name):
         try:
             validate(compose(job, config_name=config_name))
@@ -185,12 +182,10 @@ def _precheck_sweep(overrides: list[str], config_name: str, validate) -> None:
 
 def explain(e: BaseException, overrides: list[str], config_name: str = "config") -> str:
     """One line for a composition or validation error, naming the override / key / file and the valid choices."""
-    from harness.sweeps import SweepJobError
 
     if isinstance(e, SweepJobError):
         why = explain(e.error, e.job, config_name).removeprefix("config error: ")
         return f"config error in sweep job [{' '.join(e.job)}]: {why}"
-    from harness.config import ConfigError
 
     if isinstance(e, ConfigError):
         return f"config error: {str(e).splitlines()[0]}"
@@ -229,7 +224,6 @@ def _valid_keys(parent: str, overrides: list[str], config_name: str = "config") 
     """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
     import dataclasses
 
-    from harness.sweeps import first_values  # a sweep's overrides: compose its first job
 
     try:
         node = compose(first_values([o for o in overrides if not _unparsable(o)]), config_name=config_name)
@@ -241,14 +235,10 @@ def _valid_keys(parent: str, overrides: list[str], config_name: str = "config") 
     schema = None
     try:
         if parent == "train":
-            from harness.train import TrainArgs as schema
+            schema = TrainArgs
         elif parent == "method":
-            from harness.methods import METHODS
-
             schema = METHODS.get(str(node.get("name"))).Args
         elif parent == "model":
-            from harness.models import MODELS
-
             schema = MODELS.get(str(node.get("builder") or node.get("name"))).Args
     except Exception:  # noqa: BLE001
         schema = None

@@ -18,6 +18,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from harness.conf_utils import plugin_modules
+from harness.config import ConfigError, to_args
+
 T = TypeVar("T")
 
 
@@ -47,7 +50,6 @@ class Registry(Generic[T]):
     def autoload(self) -> None:
         """Import the package's modules (once) and any plugin module not imported yet (``HARNESS_PLUGINS`` is read
         on every lookup, so a plugin listed after the first lookup is still found)."""
-        from harness.conf_utils import plugin_modules
 
         if not self._loaded:
             pkg = importlib.import_module(self.package)
@@ -70,7 +72,6 @@ class Registry(Generic[T]):
 
         from omegaconf import DictConfig, OmegaConf
 
-        from harness.config import ConfigError, to_args
 
         node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
         name = name or node.get("name")

@@ -34,7 +34,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
+from harness import pipeline, sweeps
 from harness.config import ConfigError
+from harness.results import atomic_write_json, now_iso
+from harness.status import jobs_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_PY = ROOT / "run.py"
@@ -135,8 +138,6 @@ class Point:
 
 def plan_sweep(overrides: list[str], cluster: str = "slurm") -> dict:
     """Compose and check every point of ``python run.py -m <overrides>``; the submission's record (no job yet)."""
-    from harness import pipeline, sweeps
-    from harness.results import now_iso
 
     jobs = sweeps.expand(overrides)
     cfgs = [sweeps.compose([*job, "hydra.job.name=run"], with_hydra=True) for job in jobs]
@@ -173,8 +174,6 @@ def submit(overrides: list[str], cluster: str = "slurm", log=print) -> tuple[dic
     submitit's job handles) without waiting for any job."""
     import submitit
 
-    from harness.results import atomic_write_json
-    from harness.status import jobs_path
 
     rec = plan_sweep(overrides, cluster)
     init, update = executor_params(rec["launcher"], cluster)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from harness import progress
+from harness.codeversion import data_code_version
 from harness.config import ConfigError
 from harness.registry import Registry
 from harness.safe import safe_file
@@ -66,7 +67,6 @@ def cache_key(args, tokenizer, seq_len: int, n_tokens: int) -> dict:
     does not change the data), the tokenizer, the lengths, the data code and the library versions. Builders must be
     pure functions of this key (no dependence on ``PYTHONHASHSEED``, the working directory or the machine);
     ``tests/test_data.py`` checks it for every registered builder setting and synthetic kind."""
-    from harness.codeversion import data_code_version
 
     plain = {k: v for k, v in asdict(args).items() if k not in USE_FIELDS}
     return {"args": plain, "tok": tokenizer_fingerprint(tokenizer), "L": seq_len, "N": n_tokens,

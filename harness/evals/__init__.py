@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from harness.config import ConfigError
+from harness.memory import replica_gpus as gpus
 from harness.registry import Registry
+from harness.safe import safe_file
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,6 @@ class EvalContext:
         return self.rank == 0
 
     def samples_path(self, evaluator: str) -> Path:
-        from harness.safe import safe_file
-
         p = safe_file(Path(self.run_dir) / "samples", evaluator, ".jsonl", "suite entry")
         if self.is_main:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +258,6 @@ def replica_gpus(ev, lengths: list, limit: int | None, shape: dict, itemsize: in
     ``lengths`` the suite's default lengths, ``limit`` the method's longest length) on GPUs of ``gpu_bytes`` each
     (``harness.memory.replica_gpus``; None: no number of GPUs holds it). The one device-map rule: ``make plan``
     (``harness.plan``) and ``run.py`` (``harness.pipeline.placement``) both call it, per evaluator and length."""
-    from harness.memory import replica_gpus as gpus
 
     counts, _ = ev.count_prompts(list(lengths or []), limit)
     return {int(L): gpus(shape, int(L), itemsize, ev.spec.generates, gpu_bytes) for L in counts}

@@ -45,12 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.data.sources import load_source
 from harness.evals.templates import (
     RULER_MODEL_TEMPLATES,
     RULER_NIAH_NEEDLE,
     RULER_QA_DOCUMENT,
     RULER_REPEAT_NOISE,
     RULER_TASKS,
+    tokenizer_chat_template,
 )
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "ruler"
@@ -183,8 +185,6 @@ class Haystack:
                     text = "".join(f.read_text(encoding="utf-8", errors="ignore") for f in sorted(p.glob("*.txt")))
                     self.source = str(p)
         if not text:
-            from harness.data.sources import load_source
-
             text = "\n".join(d.text for d in load_source("shakespeare", "test"))
         self.words = re.sub(r"\s+", " ", text).strip().split(" ")
         base = list(self.words)
@@ -448,7 +448,6 @@ class RulerGenerator:
         # None: RULER's answer prefix as is (it starts with a space); a string (HELMET: "\n") replaces that space
         self.answer_prefix_join = answer_prefix_join
         if model_template == "tokenizer":  # the checkpoint's own chat template (an instruct model)
-            from harness.evals.templates import tokenizer_chat_template
 
             self.model_template = tokenizer_chat_template(tokenizer, "task_template")
         else:

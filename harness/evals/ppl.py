@@ -50,6 +50,7 @@ from harness.evals import (
     write_jsonl,
 )
 from harness.evals.common import token_nll, window_nlls
+from harness.stats import ppl_interval
 
 DATASET_FORMS = f"{', '.join(sorted(SOURCES))}, dir:<directory of .txt files>, bin:<LongLoRA .bin file>"
 
@@ -316,7 +317,6 @@ class Perplexity:
 def _interval(nlls: list, protocol: str):
     """95% interval of the PPL over windows: Student t on the mean NLL, exponentiated (``harness.stats.ppl_interval``);
     None below 3 windows."""
-    from harness.stats import ppl_interval
 
     est = ppl_interval(nlls)
     if est is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from harness.config import ConfigError
 from harness.evals import (
     EVALS,
     EvalArgs,
@@ -98,8 +99,6 @@ class Ruler:
         reuse_prefix: bool = True
 
     def __init__(self, args):
-        from harness.config import ConfigError
-
         unknown = [t for t in args.tasks if t not in ALL_TASKS]
         if unknown:
             raise ConfigError(f"ruler: unknown tasks {unknown}; known: {ALL_TASKS}")
@@ -113,7 +112,6 @@ class Ruler:
     def check_data(self, where: str) -> None:
         from pathlib import Path
 
-        from harness.config import ConfigError
 
         d = self.args.essay_dir
         if d and not (Path(d).is_file() or (Path(d).is_dir() and (any(Path(d).glob("*.txt"))

@@ -36,6 +36,7 @@ import torch
 
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, Spec, lengths_within, write_jsonl
+from harness.safe import check_name, inside
 
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "short_context"
 # LongRoPE Table 8 / Open LLM Leaderboard v1 shots and metrics.
@@ -136,8 +137,6 @@ def write_task_yamls(data_dir: Path, out: Path, fewshot: dict, tasks: list[str])
                     for s in ("dev", "test")}
             names[t] = []
             for subj in sorted({r["subject"] for r in rows["test"]}):
-                from harness.safe import check_name, inside
-
                 sd = inside(out / "mmlu_data", check_name(subj, f"{d / 'test.jsonl'}: subject"))  # data, not a path
                 sd.mkdir(parents=True, exist_ok=True)
                 for s in ("dev", "test"):

@@ -4,6 +4,7 @@ ranks of ``harness.eval_distributed`` in a data-parallel evaluation)."""
 from __future__ import annotations
 
 from harness.config import ConfigError
+from harness.models import model_devices
 
 
 class EvalOutOfMemory(ConfigError):
@@ -36,8 +37,6 @@ def watch_lengths(handle, seen: dict):
 
 
 def oom_line(where: str, e: BaseException, seen: dict, handle) -> str:
-    from harness.models import model_devices
-
     device = seen.get("device") or ", ".join(str(d) for d in model_devices(handle.model))
     at = f"at {seen['tokens']} tokens" if "tokens" in seen else "before the model's first forward"
     first = " ".join(str(e).split())

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.conf_utils import conf_dirs, find_conf, group_defaults
 from harness.config import ConfigError
 from harness.registry import Registry
 
@@ -103,7 +104,6 @@ def _declared(name: str, where) -> Facts | None:
 
 def declared(name: str) -> Facts | None:
     """The facts ``conf/method/<name>.yaml`` declares (None when there is no such YAML: not a method)."""
-    from harness.conf_utils import find_conf
 
     return _declared(name, find_conf("method", name))
 
@@ -146,8 +146,6 @@ def _variants(dirs: tuple) -> dict:
 
 
 def variants() -> dict:
-    from harness.conf_utils import conf_dirs
-
     return _variants(tuple(conf_dirs()))
 
 
@@ -345,13 +343,13 @@ def _records_checkpoint_rope(apply):
 
     @functools.wraps(apply)
     def wrapped(self, handle, *args, **kwargs):
-        from harness.methods.rope import scaled_rope
+        from harness.methods.rope import scaled_rope  # deferred: rope's module level imports this package's names
 
         model = getattr(handle, "model", None)
         if getattr(model, "config", None) is None:  # not a transformers model (a stand-in in a unit test)
             return apply(self, handle, *args, **kwargs)
         if not hasattr(model, "harness_checkpoint_rope"):
-            from harness.methods.persist import snapshot
+            from harness.methods.persist import snapshot  # deferred: persist imports this package (save_method)
 
             model.harness_checkpoint_rope = scaled_rope(model.config)
             model.harness_before = snapshot(model)  # the model as loaded: what a save restores for a method
@@ -390,7 +388,6 @@ def build_method(cfg) -> Method:
 
 def yaml_defaults(name: str) -> dict:
     """The parameters of ``conf/method/<name>.yaml`` (its ``facts`` left out; {} when the method has no YAML)."""
-    from harness.conf_utils import find_conf, group_defaults
 
     if find_conf("method", name) is None:
         return {}

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from harness.methods.rope import require_static_rope, rotary_modules
+
 NEG_INF = float("-inf")
 
 
@@ -59,7 +61,6 @@ def sliding_window(config) -> int | None:
 
 def attach_rope(model) -> torch.Tensor:
     """Store the model's RoPE inverse frequencies on every attention module (``module.harness_inv_freq``)."""
-    from harness.methods.rope import rotary_modules
 
     rot = rotary_modules(model)
     if not rot:
@@ -75,7 +76,6 @@ def install(model, attn_name: str, attr: str, settings: tuple) -> None:
     ``module.<attr>``) on every attention module, then ``set_attn_implementation``. A checkpoint whose config carries
     a static rope scaling with attention factor 1 (Llama-3.1's ``llama3``, a PI checkpoint's ``linear``) keeps it;
     a length-dependent one or one with an attention factor (dynamic NTK, YaRN, LongRoPE) is refused with one line."""
-    from harness.methods.rope import require_static_rope
 
     require_static_rope(model, f"method={attn_name.removeprefix('harness_')}")
     # these attention functions see every key their scheme allows, as the originals (LongLM, LM-Infinite, ...) do on

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from harness.config import ConfigError
+from harness.device import is_accelerator
 from harness.methods import _blockwise as bw
 
 BACKENDS = ("auto", "reference", "flex")
@@ -58,8 +60,6 @@ class AttentionArgs:
     backend: str = "auto"  # auto | reference | flex
 
     def validate(self) -> None:
-        from harness.config import ConfigError
-
         if self.backend not in BACKENDS:
             raise ConfigError(f"attention.backend={self.backend!r} is not one of {', '.join(BACKENDS)}")
 
@@ -80,7 +80,6 @@ def set_backend(model, backend: str = "auto") -> None:
 
 def resolve(module, device: torch.device) -> str:
     """The backend an attention call runs: ``reference`` or ``flex`` (``auto`` resolved by the tensors' device)."""
-    from harness.device import is_accelerator
 
     b = getattr(module, "harness_attn_backend", "auto")
     if b == "auto":
@@ -121,7 +120,6 @@ def kernels(device: torch.device):
     on a GPU, eager on the CPU (torch's CPU flex is an unfused implementation either way: ``make bench``)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from harness.device import is_accelerator
 
     if not is_accelerator(device):
         return flex_attention, create_block_mask

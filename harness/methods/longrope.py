@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from harness.conf_utils import CONF_DIR
 from harness.config import ConfigError
 from harness.methods import METHODS, ROPE, Method, MethodArgs, StageContext
 from harness.methods.rope import (
@@ -193,8 +194,6 @@ class LongRoPE(Method):
                               f"file's), n_hat >= -1 (-1 = the file's); got {a.kv_cache!r}, {a.attention_factor}, "
                               f"{a.n_hat}")
         if a.recovery:
-            from harness.conf_utils import CONF_DIR
-
             if not (CONF_DIR / "search" / f"{a.recovery}.yaml").is_file():
                 raise ConfigError(f"method.recovery={a.recovery!r}: no conf/search/{a.recovery}.yaml")
             if train is not None and not getattr(train, "enabled", True):

@@ -28,6 +28,9 @@ import json
 import os
 from pathlib import Path
 
+from harness.methods import checkpoint_params, save_method
+from harness.methods.rope import HARNESS_ROPE_TYPES
+
 RECORD = "harness_method"  # the config.json key
 MARKER = "{name} is a harness method; load this folder with harness.api.load (plain transformers would not apply it)"
 STOCK_ATTENTION = ("eager", "sdpa", "flex_attention", "harness_causal")  # harness_causal: plain causal, fused
@@ -58,7 +61,6 @@ def snapshot(model) -> dict:
 def not_expressible(model) -> str | None:
     """Why plain transformers would not reproduce the method applied to ``model`` from its config alone (None: it
     would, the save is a standard config)."""
-    from harness.methods.rope import HARNESS_ROPE_TYPES
 
     rp = dict(getattr(model.config, "rope_parameters", None) or {})
     kind = rp.get("rope_type") or rp.get("type") or "default"
@@ -90,7 +92,6 @@ def record(folder: str | Path) -> dict | None:
 def save(model, folder: str | Path, tokenizer=None) -> dict:
     """``model.save_pretrained(folder)`` (and the tokenizer's), keeping the method applied to ``model`` as the module
     docstring says. Returns the record written (``{}`` for a model no method was applied to)."""
-    from harness.methods import checkpoint_params, save_method
 
     folder = Path(folder)
     model.save_pretrained(folder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.config import ConfigError
 from harness.methods import STATIC_ROPE
 
 
@@ -51,7 +52,6 @@ def json_safe(d: dict) -> dict:
 def require_static_rope(model, where: str) -> None:
     """Refuse (one ConfigError line) a model whose rotary frequencies change with the length or carry an attention
     factor: a blocked-attention method reads the inverse frequencies once and would silently drop either."""
-    from harness.config import ConfigError
 
     rp = dict(getattr(model.config, "rope_parameters", None) or {})
     kind = rp.get("rope_type", "default")
@@ -76,7 +76,6 @@ def check_inv_freq(inv, where: str) -> None:
     """A rotary table must be real, finite and positive. Never let a complex or NaN table through: copying a
     complex tensor into the float ``inv_freq`` buffer silently keeps its real part (a warning, then meaningless
     logits), which is how an NTK clamp below the native window once produced t = -3 on LLaMA2."""
-    from harness.config import ConfigError
 
     if not isinstance(inv, torch.Tensor):
         inv = torch.as_tensor(inv)
@@ -298,7 +297,6 @@ def ntk_by_length_parameters(config, device=None, seq_len=None, layer_type=None)
     n = seq_len if seq_len is not None else c
     t = ntk_multiplier(s, int(n), c, int(rp.get("min_len") or 0), int(rp.get("max_len") or 0))
     if not t >= 1:  # also catches NaN
-        from harness.config import ConfigError
 
         raise ConfigError(f"ntk_by_length: multiplier t = s*l/C - (s-1) = {t:g} < 1 (s = {s:g}, C = {c}, "
                           f"min_len = {rp.get('min_len')}, max_len = {rp.get('max_len')} tokens; valid: s >= 1 and "
@@ -327,8 +325,6 @@ def make_length_dependent(model, fn, kv_cache: str = "refresh"):
     ``stale`` keeps transformers' behaviour (keys keep the rotation they were cached with, #25104).
     Returns the CacheRefresh (or None)."""
     if kv_cache not in KV_CACHE_MODES:
-        from harness.config import ConfigError
-
         raise ConfigError(f"kv_cache must be one of {KV_CACHE_MODES}, got {kv_cache!r}")
     install_length_dependent(model, fn)
     return CacheRefresh(model.get_decoder()) if kv_cache == "refresh" else None

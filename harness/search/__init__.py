@@ -19,10 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import ConfigError
+from harness import conf_utils
+from harness.config import ConfigError, to_args
+from harness.methods.longrope import load_factors, su_mscale
+from harness.methods.rope import rope_base
+from harness.models import rotary_dim
 from harness.results import atomic_write_json, config_hash
 from harness.search import critical_dim as cd
 from harness.search.evolution import Candidate, Evolution, Space, complete, project
+from harness.search.fitness import Fitness, long_documents, needle_documents
 
 
 @dataclass
@@ -214,17 +219,12 @@ def run_search(model, tok, a: SearchArgs, C: int, target: int, state_path: str |
     A state file is resumed only when it belongs to the same search: same arguments (except ``iterations`` and
     ``time_budget_s``, which may grow), target, seed, model and ``weights`` (a digest of the weights, so a state
     scored on replaced weights or on another checkpoint is never mixed in)."""
-    from harness.methods.rope import rope_base
-    from harness.models import rotary_dim
-    from harness.search.fitness import Fitness, long_documents, needle_documents
 
     a.validate()
     d, base = rotary_dim(model.config), rope_base(model.config)
     short = a.factors_for == "short"
     prev = None
     if short:
-        from harness.methods.longrope import load_factors, su_mscale
-
         prev = load_factors(a.init_factors, d // 2, C)
         if target > C:
             raise ConfigError(f"factors_for=short: target_length {target} must be <= the native window {C} (the "
@@ -333,8 +333,6 @@ def recover_short_factors(handle, search: str, factors_file: str | Path, run_dir
     (``factors_for: short``) on the fine-tuned ``handle.model`` at length C, the long factors fixed from
     ``factors_file`` (the ones it was fine-tuned with). Writes ``<run_dir>/recovered_factors.json`` (its
     ``provenance.model_path`` = the run's checkpoint) and returns (that path, what the row records)."""
-    from harness import conf_utils
-    from harness.config import to_args
 
     node = conf_utils.compose([f"search={search}"], config_name="search_config").search
     a = to_args(SearchArgs, node, f"search={search}")

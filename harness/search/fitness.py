@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from harness.evals.common import token_nll
+from harness.evals.ppl import load_documents
 from harness.methods.longrope import apply_factors
 from harness.methods.rope import rebuild_rotary
 
@@ -38,7 +39,6 @@ def long_documents(tokenizer, dataset: str, split: str, n: int, length: int, off
     """``n`` windows ``[BOS] + doc[o : o + length - 1]`` from the first documents with enough tokens; window ``o``
     starts at ``offset_windows * (length - 1)`` (0 = the document start, as LongRoPE's ``--truncate``; 1 = the next,
     disjoint stretch of the same documents, used for held-out verification)."""
-    from harness.evals.ppl import load_documents
 
     bos = tokenizer.bos_token_id
     need = length - (1 if bos is not None else 0)
@@ -84,7 +84,6 @@ def needle_documents(tokenizer, dataset: str, split: str, n: int, length: int, s
                      digits: int = 5, offset_windows: int = 0):
     """``n`` needle documents (haystacks = the first documents with enough tokens, cycled; each haystack starts at
     token ``offset_windows * (length - 1)`` of its document). Returns (ids [n, L], answer_mask [n, L] bool)."""
-    from harness.evals.ppl import load_documents
 
     rng = random.Random(f"needle-{seed}-{length}")
     start = offset_windows * (length - 1)

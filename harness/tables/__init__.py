@@ -20,6 +20,7 @@ from pathlib import Path
 from harness.results import atomic_write_text, read_rows, replacing_dirs, studies, study_dir
 from harness.safe import UnsafeName
 from harness.tables.build import build_tables
+from harness.tables.front import write_front, write_index
 from harness.tables.paper import Paper
 from harness.tables.render import write
 from harness.tables.rows import RowSet, load_spec, read_rows_in
@@ -40,7 +41,6 @@ def build_studies(results_dir: str | Path, figures: bool = True, only: str | Non
     loose = results_dir / "runs"
     if only is None and (any(loose.glob("*.json")) or (results_dir / "tables" / "index.md").is_file()):
         out.append({"study": None, **build_all(results_dir, figures=figures, study=None)})
-    from harness.tables.front import write_index
 
     write_index(results_dir)
     return out
@@ -78,7 +78,7 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
                 errors.append(f"table {t.id!r}: {e}")
         figs, fig_notes = [], []
         if figures:
-            from harness.tables.figures import build_figures
+            from harness.tables.figures import build_figures  # deferred: matplotlib only when figures are drawn
 
             figs = build_figures(rs, paper, stage.path(figures_dir), errors, fig_notes)
         src = f"{runs_dir}" if runs_dir is not None else rows_source(study)
@@ -104,7 +104,6 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
         lines += [f"- **not built**: {m}" for m in errors]
         atomic_write_text(new_tables / "index.md", "\n".join(lines) + "\n")
         if runs_dir is None:  # the study's front page (an archived study keeps only its tables), with the swap
-            from harness.tables.front import write_front
 
             stage.on_commit(lambda: write_front(results_dir, tables_dir, study=study))
     for line in rs.refusals():  # a newer row with fewer samples than the one it would displace: one line each

@@ -24,6 +24,7 @@ import numpy as np
 
 from harness import stats
 from harness.evals import EVALS
+from harness.tables import samples
 from harness.tables.rows import Entry, RowSet, native_ctx, num
 
 
@@ -231,7 +232,6 @@ def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
     """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
     records (``samples/<entry or evaluator>.jsonl``, ``harness.tables.samples``) read by the fields the evaluator
     declares (``records``; a mean over tasks grouped by its ``task``), when they reproduce the row's number."""
-    from harness.tables import samples
 
     rec = records(rs, source)
     if not rec or "length" not in rec or not x.keys:

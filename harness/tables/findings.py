@@ -56,8 +56,10 @@ from harness.evals.convergence import GATE_SETS, MIN_GATE_VERSION, gate_version,
 from harness.methods import METHODS
 from harness.results import atomic_write_text, read_rows, signals_held, study_dir
 from harness.tables import estimates as est
+from harness.tables import rows_source
+from harness.tables.front import write_front, write_index
 from harness.tables.paper import Paper
-from harness.tables.rows import Entry, RowSet, converged, method_key, native_ctx
+from harness.tables.rows import Entry, RowSet, converged, load_spec, method_key, native_ctx, read_rows_in
 
 REPRODUCED, CONTRADICTED, MIXED, INCONCLUSIVE = "reproduced", "contradicted", "mixed", "inconclusive"
 DASH = "\u2014"
@@ -1381,8 +1383,6 @@ def write(results_dir: str | Path, out: str | Path | None = None, model: str | N
           runs_dir: str | Path | None = None, study: str | None = None) -> Path:
     """``results/<study>/findings.md`` from the study's own rows (``study`` None: the rows of no study,
     ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead."""
-    from harness.tables import rows_source
-    from harness.tables.rows import load_spec, read_rows_in
 
     rs = RowSet(read_rows(results_dir, study) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     here = study_dir(results_dir, study)
@@ -1391,7 +1391,6 @@ def write(results_dir: str | Path, out: str | Path | None = None, model: str | N
     with signals_held():  # findings.md, the front page's and the index's verdict counts change together
         atomic_write_text(path, text)
         if runs_dir is None and out is None:  # the study's front page and the index carry the verdict counts
-            from harness.tables.front import write_front, write_index
 
             write_front(here, findings_path=path, study=study)
             write_index(results_dir)

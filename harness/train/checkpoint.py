@@ -46,6 +46,8 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
+from harness.results import FILE_MODE, pid_alive
+
 LOCK_TIMEOUT_S = 3600.0
 DIGEST_THREADS = min(8, os.cpu_count() or 1)
 KEEP_LAST = 2  # published checkpoints kept per key while training: the newest and its fallback
@@ -182,7 +184,6 @@ def share(directory: str | Path) -> None:
     """Give every file under ``directory`` the umask's permissions (``harness.results.FILE_MODE``, 0644 under 022)
     and every directory the listable ones (0755): what ``open()`` / ``mkdir`` would give, where safetensors (and
     ``tempfile``) give 0600 / 0700. A file another user owns (a shared filesystem) is left as it is."""
-    from harness.results import FILE_MODE
 
     root = Path(directory)
     for p in [root, *root.rglob("*")]:
@@ -196,8 +197,6 @@ def share(directory: str | Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the store
 def _dir_mode() -> int:
-    from harness.results import FILE_MODE
-
     return FILE_MODE | ((FILE_MODE & 0o444) >> 2)  # r -> rx: directories teammates can list (0755 under 022)
 
 
@@ -343,7 +342,6 @@ def _writer_is_me(t: Path) -> bool:
 def _writer_dead(t: Path) -> bool:
     """A temporary directory whose writer (on this host) no longer runs, or one without a writer record that is
     older than a day."""
-    from harness.results import pid_alive
 
     w = _writer(t)
     if not w:

@@ -6,6 +6,7 @@ import math
 import torch
 
 from harness.device import autocast
+from harness.safe import NonFinite
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -73,7 +74,6 @@ def step_loss(micro_losses: list[torch.Tensor], accumulation: int, step: int | N
 def check_finite_weights(model, where: str) -> None:
     """Raise ``NonFinite`` naming the first parameter that holds a NaN or an infinity: the loss of a step is read
     before its update, so the last update of a diverging run (2 steps at lr=1e9) is only seen in the weights."""
-    from harness.safe import NonFinite
 
     for name, p in model.named_parameters():
         if p.numel() and not bool(torch.isfinite(p.detach()).all()):

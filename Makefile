@@ -85,7 +85,7 @@ status: ## list unfinished and failed rows of results/runs/ and results/<study>/
 findings: setup ## per study: results/<study>/findings.md, the paper's 13 findings tested on its own rows (coded verdict rule)
 	$(PY) scripts/make_findings.py
 
-export: setup ## every row as one flat table: results/export/results.csv and .parquet (harness/tables/export.py)
+export: setup ## every row as one flat table: results/export/results.csv and .parquet (controlled_study/export.py)
 	$(PY) scripts/export_rows.py
 
 study: setup ## the whole tiny study, resumable (a point with an ok row of the same config hash is skipped), then tables + findings; ARGS="--jobs 2 ..." for points at once, "--seed 1" for the fine-tuned points with another training seed, overrides

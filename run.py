@@ -21,8 +21,8 @@ if __name__ == "__main__" and sys.stderr.isatty():  # the imports below take sec
 import hydra
 from omegaconf import DictConfig
 
+from controlled_study import export
 from harness import api, lifecycle, precheck, report, shards, tracking
-from harness.tables import export
 from harness.train import Terminated
 
 

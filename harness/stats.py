@@ -3,7 +3,7 @@ means and perplexities, Newcombe intervals for differences of proportions, a ran
 
 Ground floor (numpy, and scipy.special for the normal and t quantiles): evaluators call it to store an interval beside
 each aggregate in the row, the console summary and ``make tables`` / ``make findings`` call it to compare methods.
-The one bootstrap of the harness lives here (``harness.tables.samples`` only reads per-sample files). Every function
+The one bootstrap of the harness lives here (``controlled_study.samples`` only reads per-sample files). Every function
 returns plain floats. ``tests/test_stats.py`` cross-checks them against scipy.stats and statsmodels.
 
 - ``wilson(k, n)``: score interval of a proportion (Wilson 1927); sound at n = 5 and at 0/n or n/n, where the normal

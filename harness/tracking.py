@@ -9,7 +9,7 @@ What a wandb run holds:
 - evaluation results on their own axis, the evaluation length (``eval/length``; never the training step): each
   evaluator's per-length metrics as ``eval/<entry>/<metric>``;
 - at the end, ``eval/results``: a table with one line per entry x metric x length, with its 95% interval and its
-  sample size, the lines of ``make export`` (``table_lines``: ``harness.tables.export.flatten``, handed in by
+  sample size, the lines of ``make export`` (``table_lines``: ``controlled_study.export.flatten``, handed in by
   ``run.py``), and the row's status in the summary.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-# the columns of the evaluation table (a subset of the export's, harness/tables/export.py)
+# the columns of the evaluation table (a subset of the export's, controlled_study/export.py)
 TABLE_COLUMNS = ("entry", "evaluator", "metric", "axis", "x", "length", "length_over_c", "value", "ci_low", "ci_high",
                  "n")
 

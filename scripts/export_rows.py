@@ -1,4 +1,4 @@
-"""`make export`: every row of results/runs/ as one flat table (CSV + Parquet), harness/tables/export.py.
+"""`make export`: every row of results/runs/ as one flat table (CSV + Parquet), controlled_study/export.py.
 
     python scripts/export_rows.py [--results results] [--out results/export]
 """
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
                          "writes, else results/)")
     ap.add_argument("--out", default=None, help="output directory (default <results>/export)")
     a = ap.parse_args(argv)
-    from harness.tables.export import frame, write
+    from controlled_study.export import frame, write
 
     try:
         paths = write(a.results, a.out)

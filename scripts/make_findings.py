@@ -28,8 +28,8 @@ def main(argv=None) -> int:
                     "then the rows of no study (results/runs/) when there are any")
     a = ap.parse_args(argv)
     t0 = time.time()
+    from controlled_study.findings import VERDICTS, write
     from harness.results import studies
-    from harness.tables.findings import VERDICTS, write
 
     if a.runs or a.out or a.study:
         which = [a.study]

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                     "study, then the rows of no study")
     a = ap.parse_args(argv)
     t0 = time.time()
-    from harness.tables import build_all, build_studies
+    from controlled_study import build_all, build_studies
 
     try:
         if a.runs or a.tables or a.figures:  # one set of rows into the folders named

@@ -11,6 +11,7 @@ import pytest
 from harness.contamination import EVAL_FRAGMENTS, contains_eval_template
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
+STUDY = HARNESS.parent / "controlled_study"  # the study app on the library: its tables, findings, figures
 
 # Lowest first. A unit is a top-level module (``results``) or a package (``evals``: all its modules).
 FLOORS = [
@@ -20,7 +21,6 @@ FLOORS = [
     ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
     ("components", {"models", "methods", "data"}),
     ("consumers", {"evals", "train"}),
-    ("tables", {"tables"}),  # reads what the evaluators declare (metric, reader) and the methods' facts
     ("search", {"search"}),
     ("parallel", {"eval_distributed"}),  # data-parallel evaluation: ranks run evaluators; pipeline starts them
     ("lifecycle", {"lifecycle"}),  # a run's row from start to finish: the one writer of results/runs/*.json
@@ -28,15 +28,19 @@ FLOORS = [
     ("library", {"api"}),  # the public API (extend, evaluate, save, load): run.py's stages are api.run
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
     ("entry", {"precheck", "shards", "cli", "lmeval"}),  # cli: `harness <tool>`; lmeval: the model for lm-eval
+    # the controlled study, an app on the library (package controlled_study): tables, findings, figures and the
+    # paper's numbers, reading what the evaluators declare and the methods' facts; nothing in harness imports it
+    ("study", {"controlled_study"}),
 ]
 FLOOR = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
 
 
 def modules() -> dict[str, Path]:
     out = {}
-    for p in sorted(HARNESS.rglob("*.py")):
-        name = ".".join(("harness",) + p.relative_to(HARNESS).with_suffix("").parts)
-        out[name.removesuffix(".__init__")] = p
+    for top in (HARNESS, STUDY):
+        for p in sorted(top.rglob("*.py")):
+            name = ".".join((top.name,) + p.relative_to(top).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = p
     return out
 
 
@@ -66,7 +70,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def unit(module: str) -> str:
-    return module.split(".")[1]
+    return module.split(".")[0] if module.startswith(STUDY.name) else module.split(".")[1]
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -300,6 +304,9 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+OURS = ("harness", "controlled_study")  # the library and the study app on it
+
+
 def code_shape() -> dict:
     """``function_imports``: harness imports made inside a function; ``private``: a private name (``_x``) or a private
     module used from outside its owner (an import of ``harness.a._b`` from outside package ``harness.a``, ``from
@@ -312,10 +319,10 @@ def code_shape() -> dict:
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions.append((f.end_lineno - f.lineno + 1, f"{m}.{f.name}"))
                 imports |= {f"{m}:{n.lineno}" for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))
-                            and any(t.startswith("harness") for t in ([_base(m, p, n)] if isinstance(n, ast.ImportFrom)
+                            and any(t.startswith(OURS) for t in ([_base(m, p, n)] if isinstance(n, ast.ImportFrom)
                                                                      else [a.name for a in n.names]))}
         for n in ast.walk(tree):
-            if not isinstance(n, ast.ImportFrom) or not _base(m, p, n).startswith("harness"):
+            if not isinstance(n, ast.ImportFrom) or not _base(m, p, n).startswith(OURS):
                 continue
             base = _base(m, p, n)
             for a in n.names:
@@ -359,6 +366,7 @@ def test_code_shape_sees_what_it_counts(tmp_path, monkeypatch):
                               "from harness.a import _inner as i\n\ndef f():\n    from harness.a import _inner\n"
                               "    return i._x\n")
     monkeypatch.setitem(globals(), "HARNESS", pkg)
+    monkeypatch.setitem(globals(), "STUDY", tmp_path / "no_study")
     s = code_shape()
     assert s["function_imports"] == ["harness.b:6"]
     assert s["private"] == ["harness.b <- harness.a._inner", "harness.b <- harness.a._inner._x"]

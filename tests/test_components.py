@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from controlled_study import build_all
+from controlled_study import estimates as est
+from controlled_study.build import attention
+from controlled_study.findings import Evidence, approx, exact_ft
+from controlled_study.paper import Paper
+from controlled_study.rows import RowSet, load_spec
 from harness import plan, report, sweeps
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, Spec
 from harness.methods import METHODS, Method, build_method, facts
-from harness.tables import build_all
-from harness.tables import estimates as est
-from harness.tables.build import attention
-from harness.tables.findings import Evidence, approx, exact_ft
-from harness.tables.paper import Paper
-from harness.tables.rows import RowSet, load_spec
 from tests.test_tables import C, make_row, write_rows
 
 METHOD_PY = '''
@@ -197,7 +197,7 @@ def test_component_without_its_facts_fails_when_it_registers(plugins):
 def test_every_method_and_evaluator_declares_what_the_tables_read():
     """The shipped components: every method's facts (its Table 1 family and training agree with the paper's own
     columns), every evaluator's headline metric and a reader the tables know."""
-    from harness.tables.estimates import SHAPES
+    from controlled_study.estimates import SHAPES
 
     names = METHODS.names()
     assert all(facts(n) is not None and facts(n).key == n for n in names)

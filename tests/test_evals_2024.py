@@ -471,7 +471,7 @@ def _extended_metrics(rng, good):
 def test_extended_table_in_make_tables(tmp_path):
     from test_tables import make_row, write_rows
 
-    from harness.tables import build_all
+    from controlled_study import build_all
 
     rng = random.Random(0)
     rows = []

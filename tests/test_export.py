@@ -7,8 +7,8 @@ import sys
 
 import pandas as pd
 
+from controlled_study.export import COLUMNS, flatten
 from harness import results
-from harness.tables.export import COLUMNS, flatten
 from tests.conftest import ROOT
 
 
@@ -78,7 +78,7 @@ def test_the_data_dictionary_documents_every_column_in_order():
 def test_columns_for_the_study_the_suite_and_the_method_parameters(tmp_path):
     """A study's rows (its folder; a row that records its study) and the rows of no study are all exported, each line
     saying its study, its suite and the method's parameters (JSON)."""
-    from harness.tables.export import frame
+    from controlled_study.export import frame
 
     study_row = _row("s1", "yarn", METRICS)
     study_row["config"]["study"] = {"experiment": "my_study"}

@@ -10,15 +10,15 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import to_hex
 from matplotlib.lines import Line2D
 
+from controlled_study.paper import Paper
+from controlled_study.rows import RowSet, load_spec
 from harness.methods import METHODS, facts
-from harness.tables.paper import Paper
-from harness.tables.rows import RowSet, load_spec
 from tests.test_tables import make_row
 
 
 def _draw(monkeypatch, rows) -> dict:
     """Every figure of ``rows``: ``{figure name: figure}`` (``_save`` replaced by a collector; nothing written)."""
-    from harness.tables import figures
+    from controlled_study import figures
 
     figs: dict = {}
 
@@ -118,8 +118,8 @@ def test_each_method_keeps_its_colour_and_marker_across_row_sets(tmp_path, monke
 
 
 def test_every_method_declares_its_own_colour_and_marker_from_the_palette():
+    from controlled_study.figures import PALETTE
     from harness.methods import variants
-    from harness.tables.figures import PALETTE
 
     keys = list(METHODS.names()) + [pf["key"] for _, pf in variants().values()]
     seen: dict = {}

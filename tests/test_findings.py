@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from controlled_study import findings as fd
+from controlled_study.paper import Paper
+from controlled_study.rows import RowSet, load_spec
 from harness import stats
-from harness.tables import findings as fd
-from harness.tables.paper import Paper
-from harness.tables.rows import RowSet, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +201,7 @@ def test_an_accuracy_part_carries_the_paired_bootstrap_as_its_second_interval():
     """A difference of accuracies on the same 50 prompts with 4 discordant pairs, all one way: Newcombe's paired
     interval contains 0 (it decides: inconclusive), the paired percentile bootstrap excludes it, so the part is
     fragile and says so; with 8 discordant pairs both exclude 0 and the part is not fragile."""
-    from harness.tables.estimates import Est
+    from controlled_study.estimates import Est
 
     def est(x):
         return Est(float(np.mean(x)), n=len(x), kind="proportion", samples=list(x), paired=True, keys=(512,),
@@ -640,7 +640,7 @@ def test_findings_testing_the_gates_quantity_are_read_on_all_rows():
 def test_a_part_held_by_a_ceiling_says_so():
     """(j)'s NTK-32K - NTK-64K on the committed rows: both at 1.00 at 3 of 5 lengths. A difference whose two sides
     are at the top at half its lengths or more is "limited by a ceiling", not merely inconclusive; at 0: a floor."""
-    from harness.tables.estimates import Est
+    from controlled_study.estimates import Est
 
     def est(blocks):
         flat = [v for b in blocks for v in b]

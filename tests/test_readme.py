@@ -58,7 +58,7 @@ def test_the_readme_tables_name_methods_by_family_and_every_evaluator_a_suite_ru
 
 
 def test_finding_count_matches_the_report():
-    from harness.tables.findings import FINDINGS
+    from controlled_study.findings import FINDINGS
 
     words = {13: "thirteen", 12: "twelve"}
     n = len(FINDINGS)
@@ -88,8 +88,8 @@ STUDY = ROOT / "results" / "tiny_study"   # the committed study: its rows in run
 def test_results_readme_is_generated_from_the_committed_files():
     """Each study's page (results/<study>/README.md) and the index (results/README.md) say what the study's
     tables/index.md and findings.md say (make tables / make findings write them)."""
+    from controlled_study.front import verdict_counts
     from harness.results import studies
-    from harness.tables.front import verdict_counts
 
     assert "tiny_study" in studies(ROOT / "results")
     top = (ROOT / "results" / "README.md").read_text()

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness.tables.rows import RowSet, load_spec
+from controlled_study.rows import RowSet, load_spec
 from tests.conftest import ROOT
 
 

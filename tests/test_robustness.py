@@ -213,7 +213,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
     s = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "a" / "res")], capture_output=True,
                        text=True, cwd=ROOT)
     assert "1 stale" in s.stdout and f"{socket.gethostname()}:{p.pid}" in s.stdout, s.stdout
-    from harness.tables.rows import RowSet, load_spec
+    from controlled_study.rows import RowSet, load_spec
 
     rs = RowSet([row], load_spec())
     assert rs.stale == [row] and not rs.running and any("stale" in n for n in rs.footnotes())

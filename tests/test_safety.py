@@ -69,7 +69,7 @@ def test_inside_refuses_a_path_that_leaves_its_root(tmp_path):
 def test_a_row_whose_model_is_a_path_writes_nothing_outside_the_results_dir(tmp_path, capsys):
     """The security case of issue 46: ``"model": "../../../../<tmp>/EVILMODEL"`` made make tables write EVILMODEL.md
     and .tex outside the results folder (file names built from the row's model name)."""
-    from harness.tables import build_all
+    from controlled_study import build_all
 
     res = tmp_path / "a" / "b" / "c" / "results"
     evil = "../" * 4 + "EVILMODEL"
@@ -86,7 +86,7 @@ def test_a_row_whose_model_is_a_path_writes_nothing_outside_the_results_dir(tmp_
 
 
 def test_table_and_figure_writers_refuse_a_name_that_leaves_their_folder(tmp_path):
-    from harness.tables.render import Table, write
+    from controlled_study.render import Table, write
 
     with pytest.raises(safe.UnsafeName):
         write(Table(id="../escaped", title="t", header=["a"]), tmp_path / "tables")
@@ -248,7 +248,7 @@ def test_the_last_update_of_a_diverging_run_is_caught_in_the_weights(tmp_path):
 
 def test_an_old_rows_non_finite_metric_is_read_as_missing_with_a_warning(tmp_path, capsys):
     """A NaN row silently replaced the base's values in 10 tables; now its non-finite numbers are missing."""
-    from harness.tables import build_all
+    from controlled_study import build_all
 
     nan_row = _row("r9", "base", time_end="2027-01-01T00:00:00")
     nan_row["metrics"]["passkey"]["accuracy"]["1024"] = float("nan")
@@ -363,7 +363,7 @@ def _fifo(p: Path) -> None:
 def test_a_results_folder_is_read_within_bounds(tmp_path, capsys, name, make, why):
     """A FIFO hung make status / tables / export; a /dev/zero symlink took the memory; deep nesting was a
     RecursionError in every report; wrong types crashed the tables. Each is skipped with one warning naming it."""
-    from harness.tables.export import flatten
+    from controlled_study.export import flatten
 
     runs = _write_rows(tmp_path, {"r0.json": _row("r0")})
     make(runs / name)

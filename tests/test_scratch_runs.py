@@ -84,9 +84,9 @@ def _in_process(overrides: list[str], tmp: Path) -> Path:
 
 @pytest.mark.integration
 def test_make_run_and_a_quick_sweep_change_no_committed_number(tmp_path, monkeypatch):
+    from controlled_study import build_studies
+    from controlled_study.findings import write as write_findings
     from harness import sweeps
-    from harness.tables import build_studies
-    from harness.tables.findings import write as write_findings
 
     res = _copy_results(tmp_path)
     (tmp_path / "out").mkdir()

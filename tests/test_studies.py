@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from controlled_study import build_all, build_studies
+from controlled_study.rows import RowSet, load_spec
 from harness import lifecycle, results
 from harness.conf_utils import compose
 from harness.config import ConfigError
-from harness.tables import build_all, build_studies
-from harness.tables.rows import RowSet, load_spec
 from tests.test_tables import make_row
 
 
@@ -145,7 +145,7 @@ def test_footnote_says_which_row_was_taken_and_why(tmp_path):
 
 def test_findings_compare_on_the_study_suite_only():
     """A quick look inside a study (eval=quick rows, newer) never stands in for the study's rows in a finding."""
-    from harness.tables import findings as fd
+    from controlled_study import findings as fd
 
     rows = [make_row(Path("/nonexistent"), f"r{i}-{m}", m, train="none" if m == "base" else "tiny")
             for i, m in enumerate(("base", "pi", "yarn"))]

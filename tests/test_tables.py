@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from controlled_study import build_all
+from controlled_study.paper import Paper
+from controlled_study.render import DASH, Cell
+from controlled_study.rows import RowSet, kfmt, load_spec, method_key
 from harness import stats
-from harness.tables import build_all
-from harness.tables.paper import Paper
-from harness.tables.render import DASH, Cell
-from harness.tables.rows import RowSet, kfmt, load_spec, method_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -324,7 +324,7 @@ def test_table9_sweep(study):
 
 
 def test_figures_written(study, tmp_path):
-    from harness.tables.figures import build_figures, scatter_points
+    from controlled_study.figures import build_figures, scatter_points
 
     keep = {"r01-base", "r03-pi-new", "r04-ntk32", "r07-se", "r09-longlora"}
     rs = RowSet([r for r in study["rows"] if r["run_id"] in keep], load_spec())
@@ -348,7 +348,7 @@ def _drawn_styles(monkeypatch, rs):
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    from harness.tables import figures
+    from controlled_study import figures
 
     seen: dict = {}
 
@@ -368,7 +368,7 @@ def _drawn_styles(monkeypatch, rs):
 def test_one_style_per_configuration_in_every_panel_and_figure(study, monkeypatch):
     """A configuration has one colour + marker in every panel and figure, and a colour + marker never stands for
     two configurations (the old figures restarted the colour cycle in each panel)."""
-    from harness.tables.figures import method_styles, panels_by_family
+    from controlled_study.figures import method_styles, panels_by_family
 
     keep = {"r01-base", "r03-pi-new", "r04-ntk32", "r05-ntk64", "r06-yarn", "r07-se", "r09-longlora", "r10-abf"}
     rs = RowSet([r for r in study["rows"] if r["run_id"] in keep], load_spec())
@@ -392,7 +392,7 @@ def test_one_style_per_configuration_in_every_panel_and_figure(study, monkeypatc
 def test_depth_figure_is_named_for_what_it_shows(study, tmp_path):
     """NIAH by depth where NIAH is measurable (``niah_depth_``); passkey by depth under its own name
     (``passkey_depth_``) where NIAH was not run, never a ``niah_*`` file showing passkey data."""
-    from harness.tables.figures import depth_figure
+    from controlled_study.figures import depth_figure
 
     with_niah = RowSet([r for r in study["rows"] if r["run_id"] in {"r01-base", "r03-pi-new"}], load_spec())
     figs = {p.name for p in depth_figure(with_niah, Paper(), "tiny_llama", tmp_path / "a", [])}
@@ -408,8 +408,8 @@ def test_depth_figure_is_named_for_what_it_shows(study, tmp_path):
 def test_not_measurable_is_not_drawn(tmp_path):
     """An evaluator the tables print as n.m. (the base scores below spec.yaml's threshold at C) gets no figure and
     no panel, and the notes say why."""
-    from harness.tables.build import build_tables
-    from harness.tables.figures import build_figures, scatter_points
+    from controlled_study.build import build_tables
+    from controlled_study.figures import build_figures, scatter_points
 
     base = make_row(tmp_path, "m1-base", "base", train="none", suites=("ppl", "passkey", "ruler"))
     pk = base["metrics"]["passkey"]
@@ -525,7 +525,7 @@ def test_versus_base_line_pairs_the_same_windows(tmp_path):
 def test_cost_table_lists_every_run_with_its_stages(tmp_path):
     """``cost_<model>``: every run of the model (each training seed, the rows left out by the gate) with its training
     and per-evaluator wall seconds as recorded, and the sums in a footnote."""
-    from harness.tables.build import cost_table
+    from controlled_study.build import cost_table
 
     base = make_row(tmp_path, "k0-base", "base", train="none", suites=("ppl", "passkey"),
                     t_end="2026-01-01T00:00:00")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from controlled_study.export import flatten
 from harness import tracking
 from harness.conf_utils import compose
 from harness.stats import wilson
-from harness.tables.export import flatten
 from tests.test_tables import make_row
 
 

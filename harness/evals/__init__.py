@@ -49,15 +49,15 @@ class Spec:
 
     metric: str                   # the headline metric of its output ({metric: {length: value}}), the one its ci is of
     reader: str | None = None     # how the tables read one length's number with its interval, by the output's shape
-    #                               (harness.tables.estimates.SHAPES: proportion | niah | ruler | ppl | percent)
+    #                               (controlled_study.estimates.SHAPES: proportion | niah | ruler | ppl | percent)
     records: dict | None = None   # the fields of its per-sample records the tables read for an interval when a row
-    #                               keeps no per-sample scores (harness.tables.samples): length (the field giving the
+    #                               keeps no per-sample scores (controlled_study.samples): length (the field giving the
     #                               length or shot count), task (where its number is a mean over tasks), score (a
     #                               tuple of field names: the first one a record has)
-    floor: dict | None = None     # when the tables call it "not measurable at this scale" (harness.tables.estimates
+    floor: dict | None = None     # when the tables call it "not measurable at this scale" (controlled_study.estimates
     #                               .floor), in its own units: the frozen base below threshold at C, every method at
     #                               most chance everywhere, or at least ceiling everywhere
-    extended: str | None = None   # its column title in the 2024-benchmarks table (harness.tables.build.extended_table)
+    extended: str | None = None   # its column in the 2024-benchmarks table (controlled_study.build.extended_table)
     by_length: bool | Callable[[Any], bool] = False  # its lengths are computed independently (seeds per length): the
     #                               shards may split it into one shard per length and merge the outputs exactly
     #                               (harness.shards); or a function of its Args saying so (``splits``)

@@ -3,7 +3,7 @@
 Runs the frozen base (``method=base``) on every RULER task at length C with the suite's miniature settings
 (``conf/eval/<suite>.yaml``) and ``--samples`` samples per task, prints each task's score with its 95% interval, and
 the task list to put under ``suite.ruler.tasks`` of the suite: tasks whose score at C is at least ``--threshold``
-(the tables' measurability threshold for RULER, ``harness/tables/spec.yaml``). A task that does not fit in C tokens
+(the tables' measurability threshold for RULER, ``controlled_study/spec.yaml``). A task that does not fit in C tokens
 cannot be done at C and is listed as such.
 
     python scripts/probes/ruler_screen.py                       # tiny_llama, the tiny suite, 20 samples per task
@@ -24,18 +24,18 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., eval=...)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--threshold", type=float, default=None, help="score (0-100) a task must reach at C; "
-                    "default: the RULER threshold of harness/tables/spec.yaml")
+                    "default: the RULER threshold of controlled_study/spec.yaml")
     ap.add_argument("--json", default="", help="also write the screen to this file")
     a = ap.parse_args(argv)
     from omegaconf import OmegaConf
 
+    from controlled_study.rows import load_spec
     from harness.conf_utils import compose
     from harness.evals import EvalContext
     from harness.evals._ruler_data import ALL_TASKS
     from harness.evals.ruler import Ruler
     from harness.methods import build_method
     from harness.models import build_model
-    from harness.tables.rows import load_spec
 
     thr = a.threshold if a.threshold is not None else float(load_spec()["measurable"]["ruler"]["threshold"])
     cfg = compose(["method=base", "train=none"] + a.overrides)

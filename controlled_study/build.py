@@ -10,12 +10,11 @@ import math
 import sys
 from datetime import datetime
 
-from harness.methods import METHODS
-from harness.tables import estimates as est
-from harness.tables import samples
-from harness.tables.paper import Paper
-from harness.tables.render import DASH, Cell, Table
-from harness.tables.rows import (
+from controlled_study import estimates as est
+from controlled_study import samples
+from controlled_study.paper import Paper
+from controlled_study.render import DASH, Cell, Table
+from controlled_study.rows import (
     Entry,
     RowSet,
     at_factor,
@@ -27,6 +26,7 @@ from harness.tables.rows import (
     train_len,
     training_seed,
 )
+from harness.methods import METHODS
 
 CHECK = "\u2713"
 

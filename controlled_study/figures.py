@@ -49,15 +49,15 @@ from matplotlib.colors import to_rgba
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from controlled_study import estimates as est
+from controlled_study import samples
+from controlled_study.build import attention, task_mean
+from controlled_study.paper import Paper
+from controlled_study.rows import Entry, RowSet, num
 from harness import stats
 from harness.methods import METHODS
 from harness.results import atomic_write
 from harness.safe import safe_file
-from harness.tables import estimates as est
-from harness.tables import samples
-from harness.tables.build import attention, task_mean
-from harness.tables.paper import Paper
-from harness.tables.rows import Entry, RowSet, num
 
 # Paul Tol's "muted" qualitative palette: nine colours told apart under the common colour-vision deficiencies
 PALETTE = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499")

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from controlled_study import samples
+from controlled_study.rows import Entry, RowSet, native_ctx, num
 from harness import stats
 from harness.evals import EVALS
-from harness.tables import samples
-from harness.tables.rows import Entry, RowSet, native_ctx, num
 
 
 @dataclass
@@ -230,7 +230,7 @@ def at(rs: RowSet, e: Entry, source: str, factor: float, reader_fn=None) -> Est 
 
 def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
     """Rows without per-sample scores but with their run directory at hand: the interval from the per-sample
-    records (``samples/<entry or evaluator>.jsonl``, ``harness.tables.samples``) read by the fields the evaluator
+    records (``samples/<entry or evaluator>.jsonl``, ``controlled_study.samples``) read by the fields the evaluator
     declares (``records``; a mean over tasks grouped by its ``task``), when they reproduce the row's number."""
 
     rec = records(rs, source)

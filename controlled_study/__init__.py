@@ -17,13 +17,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from controlled_study.build import build_tables
+from controlled_study.front import write_front, write_index
+from controlled_study.paper import Paper
+from controlled_study.render import write
+from controlled_study.rows import RowSet, load_spec, read_rows_in
 from harness.results import atomic_write_text, read_rows, replacing_dirs, studies, study_dir
 from harness.safe import UnsafeName
-from harness.tables.build import build_tables
-from harness.tables.front import write_front, write_index
-from harness.tables.paper import Paper
-from harness.tables.render import write
-from harness.tables.rows import RowSet, load_spec, read_rows_in
 
 TABLE_FILES = (".md", ".tex")   # what make tables owns in a tables folder (anything else there is kept)
 FIGURE_FILES = (".png", ".pdf")  # ... in a figures folder
@@ -78,7 +78,7 @@ def build_all(results_dir: str | Path, tables_dir: str | Path | None = None, fig
                 errors.append(f"table {t.id!r}: {e}")
         figs, fig_notes = [], []
         if figures:
-            from harness.tables.figures import build_figures  # deferred: matplotlib only when figures are drawn
+            from controlled_study.figures import build_figures  # deferred: matplotlib only when figures are drawn
 
             figs = build_figures(rs, paper, stage.path(figures_dir), errors, fig_notes)
         src = f"{runs_dir}" if runs_dir is not None else rows_source(study)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from harness.tables.rows import load_yaml
+from controlled_study.rows import load_yaml
 
 HERE = Path(__file__).parent
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from controlled_study.rows import converged, method_key, native_ctx, training_seed
 from harness.results import atomic_write, read_rows, studies, study_of
-from harness.tables.rows import converged, method_key, native_ctx, training_seed
 
 COLUMNS = ("run_id", "status", "converged", "study", "suite", "model", "method", "row", "method_params", "data",
            "train", "seed", "eval_seed", "native_ctx", "entry", "evaluator", "metric", "axis", "x", "length",

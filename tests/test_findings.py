@@ -210,7 +210,7 @@ def test_an_accuracy_part_carries_the_paired_bootstrap_as_its_second_interval():
     def part(f):
         a = [1] * 10 + [1] * f + [0] * (40 - f)
         b = [1] * 10 + [0] * f + [0] * (40 - f)
-        return fd._part_prop("a - b", est(a), est(b), "a", "b")
+        return fd.part_prop("a - b", est(a), est(b), "a", "b")
 
     weak = part(4)
     assert weak.ci == stats.newcombe_diff([1] * 14 + [0] * 36, [1] * 10 + [0] * 40, paired=True)
@@ -648,16 +648,16 @@ def test_a_part_held_by_a_ceiling_says_so():
                    keys=tuple(range(len(blocks))), lo=0.0, hi=1.0)
 
     one, half, miss = [1] * 10, [1] * 5 + [0] * 5, [1] * 9 + [0]
-    p = fd._part_prop("x - y", est([one, one, miss, half, half]), est([miss, one, one, half, half]), "x", "y")
+    p = fd.part_prop("x - y", est([one, one, miss, half, half]), est([miss, one, one, half, half]), "x", "y")
     assert p.verdict() == fd.INCONCLUSIVE and p.limit == "ceiling: both within one prompt of 1.00 at 3 of 5 lengths"
     assert "(limited by a ceiling: both within one prompt of 1.00 at 3 of 5 lengths)" in p.text()
     assert fd.verdict([p])[1].startswith("limited by a ceiling or floor, not by noise")
-    q = fd._part_prop("x - y", est([one, half, half]), est([one, half, [0] * 10]), "x", "y")
+    q = fd.part_prop("x - y", est([one, half, half]), est([one, half, [0] * 10]), "x", "y")
     assert q.limit == ""
     z = [0] * 10
-    assert fd._part_prop("x - y", est([z]), est([z]), "x", "y").limit == "floor: both within one prompt of 0.00"
+    assert fd.part_prop("x - y", est([z]), est([z]), "x", "y").limit == "floor: both within one prompt of 0.00"
     two = [1] * 8 + [0] * 2        # two prompts short: no longer "at the ceiling"
-    assert fd._part_prop("x - y", est([two, two, two]), est([one, one, one]), "x", "y").limit == ""
+    assert fd.part_prop("x - y", est([two, two, two]), est([one, one, one]), "x", "y").limit == ""
 
 
 def test_lm_infinite_flatness_is_read_over_every_window_clustered_by_book():

@@ -204,7 +204,6 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     finished as ``failed``."""
     from omegaconf import OmegaConf, open_dict
 
-
     if (suite is None) == (evaluator is None):
         raise ConfigError("evaluate: give exactly one of suite=<conf/eval name> or evaluator=<registered name>")
     if suite is not None and settings:

@@ -198,7 +198,6 @@ def eval_rank(spec_path: str | Path) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-
     watch_launcher()
     spec = json.loads(Path(spec_path).read_text())
     cfg = OmegaConf.create(spec["config"])

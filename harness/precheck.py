@@ -64,7 +64,6 @@ def is_config_error(e: BaseException) -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-
     return isinstance(e, (HydraException, OmegaConfBaseException, ConfigError))
 
 
@@ -82,7 +81,6 @@ def refuse(e: BaseException, overrides: list[str], config_name: str = "config") 
     """A command line that does not compose, resolve or validate: print one line naming the problem (``explain``),
     leave a failed row in the results directory it names, exit 2."""
     import sys
-
 
     line = explain(e, overrides, config_name)
     problem = fail_before_compose(_results_dir_of(overrides), line, names=_names_of(overrides))
@@ -104,7 +102,6 @@ def _submit_to_slurm(argv: list[str]) -> bool:
     every point and exits (the plugin waits for every job: days on the login node). Exits 0 after submitting, 2 with
     one line (and a failed row) when a point or the launch is refused; False for any other launcher."""
     import sys
-
 
     overrides = [a for a in argv if not a.startswith("-")]
     try:
@@ -223,7 +220,6 @@ def explain(e: BaseException, overrides: list[str], config_name: str = "config")
 def _valid_keys(parent: str, overrides: list[str], config_name: str = "config") -> tuple[list[str], list[str]]:
     """(keys of the composed node ``parent``, keys of its typed schema that its YAML leaves out)."""
     import dataclasses
-
 
     try:
         node = compose(first_values([o for o in overrides if not _unparsable(o)]), config_name=config_name)

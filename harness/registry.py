@@ -72,7 +72,6 @@ class Registry(Generic[T]):
 
         from omegaconf import DictConfig, OmegaConf
 
-
         node = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
         name = name or node.get("name")
         if not name:

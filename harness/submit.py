@@ -174,7 +174,6 @@ def submit(overrides: list[str], cluster: str = "slurm", log=print) -> tuple[dic
     submitit's job handles) without waiting for any job."""
     import submitit
 
-
     rec = plan_sweep(overrides, cluster)
     init, update = executor_params(rec["launcher"], cluster)
     executor = submitit.AutoExecutor(cluster=cluster, **init)

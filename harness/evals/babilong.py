@@ -260,7 +260,6 @@ def make_story(task: str, rng: random.Random, n_range) -> tuple[list[str], str, 
 def _book_sentences(tokenizer_key, tokenizer, min_tokens: int) -> tuple[list[str], list[int]]:
     import re
 
-
     text = re.sub(r"\s+", " ", "\n".join(d.text for d in load_source("shakespeare", "test"))).strip()
     sents = split_sentences(text)
     counts = [len(x) for x in tokenizer(sents, add_special_tokens=False).input_ids]

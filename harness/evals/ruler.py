@@ -112,7 +112,6 @@ class Ruler:
     def check_data(self, where: str) -> None:
         from pathlib import Path
 
-
         d = self.args.essay_dir
         if d and not (Path(d).is_file() or (Path(d).is_dir() and (any(Path(d).glob("*.txt"))
                                                                    or (Path(d) / "PaulGrahamEssays.json").is_file()))):

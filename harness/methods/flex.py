@@ -120,7 +120,6 @@ def kernels(device: torch.device):
     on a GPU, eager on the CPU (torch's CPU flex is an unfused implementation either way: ``make bench``)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-
     if not is_accelerator(device):
         return flex_attention, create_block_mask
     backend = KERNEL_BACKEND

@@ -233,3 +233,22 @@ def test_run_places_the_model_per_evaluator_and_length(tmp_path, monkeypatch, re
             placed.append((key, gpus_of(handle), sorted(on_gpus(handle.model))))
             assert out
     assert placed == [("ppl", 1, [0]), ("passkey", 2, [0, 1])]
+
+
+def test_a_model_loaded_on_the_node_is_the_model_loaded_on_the_cpu(virtual_node, tmp_path):
+    """transformers builds a model on the ``meta`` device before loading its weights and materialises its
+    non-persistent buffers (the rotary ``inv_freq``) on the CPU afterwards. The emulated GPUs are ``meta:N``: taken for
+    one of them, the real meta device left ``inv_freq`` uninitialised (garbage, a NaN training loss depending on the
+    order the tests ran in). Loaded inside the node or outside, every parameter and buffer is the same."""
+    from harness.models import load_pretrained
+    from tests.test_train import _model_dir
+
+    d = str(_model_dir(tmp_path))
+    cpu, _ = load_pretrained(d, "float32", "sdpa")
+    with virtual_node:
+        node, _ = load_pretrained(d, "float32", "sdpa")
+    want = dict(list(cpu.named_parameters()) + list(cpu.named_buffers()))
+    got = dict(list(node.named_parameters()) + list(node.named_buffers()))
+    assert got.keys() == want.keys() and any(k.endswith("inv_freq") for k in got)
+    for k, v in want.items():
+        assert torch.equal(unwrap(got[k]).detach(), v.detach()), k

@@ -94,6 +94,17 @@ def _on(t) -> bool:
     return isinstance(t, OnDevice) or (isinstance(t, torch.Tensor) and t.device.type == KIND)
 
 
+def _real_meta(tensors: list, devices: list) -> bool:
+    """An op of the real ``meta`` device: ``device="meta"`` without an index (the emulated GPUs always have one) or a
+    plain meta tensor, and no tensor on an emulated GPU. transformers builds a model there before loading its weights
+    (and then materialises the non-persistent buffers on the CPU): taken for an emulated GPU, the rotary ``inv_freq``
+    was computed there and the CPU copy transformers made of it was left uninitialised (NaN losses, by the order the
+    tests ran in)."""
+    if any(isinstance(t, OnDevice) for t in tensors) or any(d.type == KIND and d.index is not None for d in devices):
+        return False
+    return any(d.type == KIND for d in devices) or any(t.device.type == KIND for t in tensors)
+
+
 def _dispatch(func, args, kwargs):
     if func.namespace == "c10d":  # a collective: the process group decides (an NCCL-like one refuses CPU tensors)
         if func is torch.ops.c10d.barrier.default:  # no data: torch makes its own tensor, on the current GPU on CUDA
@@ -101,6 +112,9 @@ def _dispatch(func, args, kwargs):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
             return func(*args, **kwargs)
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    devices = [d for d in pytree.tree_leaves((args, kwargs)) if isinstance(d, torch.device)]
+    if _real_meta(tensors, devices):  # transformers' empty-weights init: the real meta device, as on a GPU node
+        return func(*args, **kwargs)
     on = [t for t in tensors if _on(t)]
     off = [t for t in tensors if not _on(t) and t.dim() > 0]
     devs = list(dict.fromkeys(_norm(t.device) for t in on))
@@ -108,7 +122,6 @@ def _dispatch(func, args, kwargs):
         other = devs[1] if len(devs) > 1 else CPU
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{devs[0]} (an emulated accelerator) and {other}! ({func})")
-    devices = [d for d in pytree.tree_leaves((args, kwargs)) if isinstance(d, torch.device)]
     to_dev = [_norm(d) for d in devices if d.type == KIND]
     to_cpu = any(d.type == "cpu" for d in devices)
 
@@ -145,7 +158,7 @@ class _Constructors(TorchFunctionMode):
         kwargs = kwargs or {}
         want = kwargs.get("device")
         if func in (torch.tensor, torch.as_tensor, torch.asarray) and want is not None \
-                and torch.device(want).type == KIND:
+                and torch.device(want).type == KIND and torch.device(want).index is not None:
             return OnDevice(func(*args, **{**kwargs, "device": CPU}), torch.device(want))
         return func(*args, **kwargs)
 

@@ -6,26 +6,27 @@
     harness gguf-to-hf smollm2_135m smollm2-hf           # = python scripts/gguf_to_hf.py ...
     harness lm-eval --model harness --model_args pretrained=DIR,method=yarn --tasks ...   # = python -m harness.lmeval
 
-Each tool is the checkout's own script, run as ``__main__`` with the given arguments, so the command and
-``python <script> ...`` are one program (the same Hydra app, the same exit codes). The project installs editable
-(``pip install -e .``, ``make setup``): the scripts and ``conf/`` are read from the checkout beside this package.
+Two kinds of tool. An installed package's function, registered under the entry-point group ``harness.tools``
+(``pyproject.toml``): the controlled study's ``tables``, ``findings`` and ``export`` (``controlled_study.tools``), so
+the library's command runs the study's code without importing it. And the checkout's own scripts (the Hydra app
+``run.py``, ``scripts/*.py``), run as ``__main__`` with the given arguments, so the command and ``python <script> ...``
+are one program (the same Hydra app, the same exit codes); they and ``conf/`` are read from the checkout beside this
+package (an editable install: ``pip install -e .``, ``make setup``).
 """
 from __future__ import annotations
 
 import runpy
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 TOOLS = {  # tool -> (script, or -m module, what it does)
     "run": ("run.py", "one run (or -m, a sweep): model x method x data x train x eval -> one results row"),
-    "tables": ("scripts/make_tables.py", "per study: the paper's tables and figures from results/<study>/runs"),
-    "findings": ("scripts/make_findings.py", "per study: the paper's findings tested on its rows"),
     "study": ("scripts/study.py", "the whole tiny study, resumable, then tables and findings"),
     "plan": ("scripts/plan.py", "cost plan of a sweep: memory per rank, tokens, GPU-hours, checkpoint space"),
     "submit": ("scripts/submit.py", "submit a sweep to Slurm and exit (job ids -> results/jobs/)"),
-    "export": ("scripts/export_rows.py", "every row as one flat table (CSV and Parquet)"),
     "status": ("-m harness.status", "unfinished, stale and failed rows of the results directory"),
     "prepare-eval": ("scripts/prepare_eval_data.py", "fetch or convert the evaluation data (paths.eval_root)"),
     "prepare-cluster": ("scripts/prepare_cluster_data.py", "fetch the fine-tuning shards, with a size estimate"),
@@ -35,9 +36,28 @@ TOOLS = {  # tool -> (script, or -m module, what it does)
 }
 
 
+GROUP = "harness.tools"  # the entry-point group through which an installed package adds a tool
+
+
+def installed_tools() -> dict:
+    """tool -> its entry point, for every installed package's ``harness.tools`` (a script of the same name wins)."""
+    return {ep.name: ep for ep in entry_points(group=GROUP) if ep.name not in TOOLS}
+
+
+def tools() -> dict:
+    """tool -> what it does: the checkout's scripts, then the installed packages' tools (their function's first
+    docstring line)."""
+    out = {t: what for t, (_, what) in TOOLS.items()}
+    for name, ep in sorted(installed_tools().items()):
+        doc = (ep.load().__doc__ or "").strip().splitlines()
+        out[name] = doc[0].rstrip(".") if doc else ep.value
+    return out
+
+
 def usage() -> str:
-    width = max(map(len, TOOLS))
-    return "usage: harness <tool> [args]\n" + "\n".join(f"  {t:{width}s}  {what}" for t, (_, what) in TOOLS.items())
+    listed = tools()
+    width = max(map(len, listed))
+    return "usage: harness <tool> [args]\n" + "\n".join(f"  {t:{width}s}  {what}" for t, what in listed.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0 if argv else 2
     tool, *args = argv
+    installed = installed_tools()
+    if tool in installed:  # an installed package's function: called with the arguments, its return is the exit code
+        fn = installed[tool].load()
+        return _run(lambda: sys.exit(fn(args)), [f"harness {tool}", *args])
     if tool not in TOOLS:
-        print(f"harness: unknown tool {tool!r} (valid: {', '.join(TOOLS)})", file=sys.stderr)
+        print(f"harness: unknown tool {tool!r} (valid: {', '.join([*TOOLS, *installed])})", file=sys.stderr)
         return 2
     target = TOOLS[tool][0]
     if target.startswith("-m "):  # a module of this package

@@ -34,3 +34,23 @@ def test_a_tool_runs_as_its_own_main(tmp_path, capsys):
     (tmp_path / "runs").mkdir()
     assert cli.main(["status", str(tmp_path)]) == 0
     assert cli.main(["status", "--no-such-flag"]) == 2  # argparse's own exit code comes back
+
+
+def test_the_study_tools_are_the_installed_packages_code(tmp_path, capsys):
+    """`harness tables | findings | export` are controlled_study's functions, registered under the entry-point group
+    ``harness.tools`` (the library's command imports nothing of the study): every one loads, its script in the
+    checkout is a thin front for the same function, and the command returns the function's exit code."""
+    import controlled_study.tools as study_tools
+
+    installed = cli.installed_tools()
+    assert {"tables", "findings", "export"} <= set(installed)
+    for name, ep in installed.items():
+        assert ep.value.startswith("controlled_study.") and callable(ep.load()), name
+    for name, script in (("tables", "make_tables.py"), ("findings", "make_findings.py"), ("export", "export_rows.py")):
+        assert installed[name].load() is getattr(study_tools, name)
+        assert f"from controlled_study.tools import {name} as main" in (ROOT / "scripts" / script).read_text()
+    assert "tables" in cli.usage() and "findings" in cli.usage()
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["findings", "--results", str(tmp_path)]) == 0   # no rows: no study, exit 0
+    assert "make findings: 0 set(s) of rows" in capsys.readouterr().out
+    assert cli.main(["findings", "--no-such-flag"]) == 2   # argparse's own exit code comes back

@@ -7,11 +7,11 @@
     harness lm-eval --model harness --model_args pretrained=DIR,method=yarn --tasks ...   # = python -m harness.lmeval
 
 Two kinds of tool. An installed package's function, registered under the entry-point group ``harness.tools``
-(``pyproject.toml``): the controlled study's ``tables``, ``findings`` and ``export`` (``controlled_study.tools``), so
-the library's command runs the study's code without importing it. And the checkout's own scripts (the Hydra app
-``run.py``, ``scripts/*.py``), run as ``__main__`` with the given arguments, so the command and ``python <script> ...``
-are one program (the same Hydra app, the same exit codes); they and ``conf/`` are read from the checkout beside this
-package (an editable install: ``pip install -e .``, ``make setup``).
+(``pyproject.toml``): the controlled study's ``study``, ``tables``, ``findings`` and ``export``
+(``controlled_study``), so the library's command runs the study's code without importing it. And the checkout's own
+scripts (the Hydra app ``run.py``, ``scripts/*.py``), run as ``__main__`` with the given arguments, so the command
+and ``python <script> ...`` are one program (the same Hydra app, the same exit codes); they and ``conf/`` are read
+from the checkout beside this package (an editable install: ``pip install -e .``, ``make setup``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOOLS = {  # tool -> (script, or -m module, what it does)
     "run": ("run.py", "one run (or -m, a sweep): model x method x data x train x eval -> one results row"),
-    "study": ("scripts/study.py", "the whole tiny study, resumable, then tables and findings"),
     "plan": ("scripts/plan.py", "cost plan of a sweep: memory per rank, tokens, GPU-hours, checkpoint space"),
     "submit": ("scripts/submit.py", "submit a sweep to Slurm and exit (job ids -> results/jobs/)"),
     "status": ("-m harness.status", "unfinished, stale and failed rows of the results directory"),

@@ -43,12 +43,13 @@ def test_the_study_tools_are_the_installed_packages_code(tmp_path, capsys):
     import controlled_study.tools as study_tools
 
     installed = cli.installed_tools()
-    assert {"tables", "findings", "export"} <= set(installed)
+    assert {"study", "tables", "findings", "export"} <= set(installed)
     for name, ep in installed.items():
         assert ep.value.startswith("controlled_study.") and callable(ep.load()), name
     for name, script in (("tables", "make_tables.py"), ("findings", "make_findings.py"), ("export", "export_rows.py")):
         assert installed[name].load() is getattr(study_tools, name)
         assert f"from controlled_study.tools import {name} as main" in (ROOT / "scripts" / script).read_text()
+    assert "from controlled_study.study import main" in (ROOT / "scripts" / "study.py").read_text()
     assert "tables" in cli.usage() and "findings" in cli.usage()
     (tmp_path / "runs").mkdir()
     assert cli.main(["findings", "--results", str(tmp_path)]) == 0   # no rows: no study, exit 0

@@ -3,7 +3,7 @@ run measures, not where it ran: the execution settings added for GPUs keep every
 from __future__ import annotations
 
 from harness.results import config_hash
-from tests.conftest import ROOT, load_file_module
+from tests.conftest import ROOT
 
 
 def test_execution_settings_are_not_part_of_the_hash():
@@ -18,7 +18,7 @@ def test_execution_settings_are_not_part_of_the_hash():
 def test_the_committed_tiny_study_rows_still_match_their_points(monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("HARNESS_RESULTS_DIR", raising=False)
-    study = load_file_module(ROOT / "scripts" / "study.py", "study_for_hash_test")
+    from controlled_study import study
     jobs, _ = study.plan(["experiment=tiny_study"])
     # matched by hash: done, or (a fine-tuned point measured by an older convergence gate) to run again for the gate
     assert jobs and all(j["done"] or j["old_gate"] for j in jobs), [j["label"] for j in jobs

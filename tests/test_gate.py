@@ -212,12 +212,11 @@ def test_outdated_gate(train_info, old):
 
 def test_study_reruns_a_point_whose_row_has_an_older_gate(tmp_path, monkeypatch):
     """`make study` skips a point with an ok row of the same config hash, unless that row's gate is older."""
-    from conftest import load_file_module
 
     from harness.results import config_hash
 
     monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
-    st = load_file_module(ROOT / "scripts" / "study.py")
+    from controlled_study import study as st
     argv = ["experiment=tiny_study", "point=tiny_study/pi"]
     h = config_hash(OmegaConf.to_container(compose(argv), resolve=True))
     runs = tmp_path / "tiny_study" / "runs"   # the study's rows

@@ -325,9 +325,8 @@ def test_a_one_token_window_is_refused():
 def test_two_studies_share_the_points_through_a_lock_per_point(tmp_path):
     """Two ``make study`` at once ran the same point twice; now the first to claim a point holds its lock, the other
     skips it, and a point finished since the plan is not run again."""
-    from tests.conftest import load_file_module
 
-    study = load_file_module(ROOT / "scripts" / "study.py", "study_lock_test")
+    from controlled_study import study
     job = {"hash": "00aa11bb22cc33dd", "label": "point=x"}
     first, why = study.claim(str(tmp_path), job)
     assert first is not None and why is None

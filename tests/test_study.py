@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, load_file_module
+from conftest import ROOT
 
 # one cheap point of tiny_study: the frozen base on the quick suite at 2 short lengths
 OVERRIDES = ["experiment=tiny_study", "point=tiny_study/base", "eval=quick", "eval.lengths=[128,256]",
@@ -71,7 +71,7 @@ def test_ntk_64k_2b_point_trains_on_twice_ntk_64k_tokens():
 def test_study_starts_longest_first_and_estimates_wall_from_recorded_rows(tmp_path):
     """Expected seconds per point come from the latest ok row naming that point (any seed); the longest start
     first; the expected wall time is the list schedule of those seconds on --jobs lanes."""
-    st = load_file_module(ROOT / "scripts" / "study.py")
+    from controlled_study import study as st
     runs = tmp_path / "runs"
     runs.mkdir()
     rows = [  # (point, start, end, status)
@@ -124,7 +124,7 @@ def test_study_seed_runs_the_fine_tuned_points_with_that_training_seed(tmp_path,
     from harness.results import config_hash
 
     monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
-    st = load_file_module(ROOT / "scripts" / "study.py")
+    from controlled_study import study as st
     argv = ["experiment=tiny_study", "point=tiny_study/base,tiny_study/pi"]
     assert len(st.plan(argv)[0]) == 2
     (job,), _ = st.plan(argv, seed=1)

@@ -38,6 +38,7 @@ def _rows(tmp_path) -> list[dict]:
                   key=lambda r: r["time_start"])
 
 
+@pytest.mark.slow  # ~3-6 min (two curves, a kill, a resume): the longest test of the default tier; `make test-slow`
 def test_each_curve_point_scores_its_own_weights_and_a_killed_curve_resumes(tmp_path):
     out = _curve(tmp_path)
     first = json.loads(out.read_text())

@@ -200,7 +200,7 @@ def smollm2_rss(tok, length: int = 16384) -> dict:
 def ruler_generation(tok, lengths: list[int], samples: int = 100) -> dict:
     from omegaconf import OmegaConf
 
-    from harness.evals._ruler_data import ALL_TASKS, DoesNotFit, RulerGenerator
+    from harness.evals.ruler_data import ALL_TASKS, DoesNotFit, RulerGenerator
 
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "eval" / "tiny.yaml"))["suite"]["ruler"]
     with tempfile.TemporaryDirectory() as d:

@@ -195,9 +195,9 @@ def display_label(rs: RowSet, pr, e) -> str:
 
 
 # -- Table 3 / 6: RULER average by length -----------------------------------------------------------------------
-# every `ruler` row comes from the project's own offline generator (harness/evals/_ruler_data.py), never RULER's
+# every `ruler` row comes from the project's own offline generator (harness/evals/ruler_data.py), never RULER's
 # samples: each table that prints it says so (docs/ruler_check.md: the differential check against lm-eval's RULER)
-RULER_STYLE_NOTE = ("Ours: the project's RULER-style tasks (the offline generator harness/evals/_ruler_data.py, "
+RULER_STYLE_NOTE = ("Ours: the project's RULER-style tasks (the offline generator harness/evals/ruler_data.py, "
                     "written from RULER 4f6507e), not RULER's own samples: not comparable with RULER's published "
                     "numbers; the paper's numbers beside are RULER's. Differences: docs/ruler_check.md.")
 

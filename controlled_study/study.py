@@ -189,38 +189,9 @@ def print_estimate(jobs: list[dict], todo: list[dict], lanes: int) -> None:
               f"{hms(max(known))})" + (f"; no recorded run: {', '.join(unknown)}" if unknown else ""), flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: experiment=tiny_study)")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
-    ap.add_argument("--no-report", action="store_true", help="skip make tables / make findings at the end")
-    ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
-    ap.add_argument("--jobs", type=int, default=1, help="points run at once, each with cores / jobs threads "
-                    "(OMP_NUM_THREADS); on a 2-core CPU 2 x 1 thread finished more points per hour than 1 x 2")
-    ap.add_argument("--seed", type=int, default=None, help="run only the fine-tuned points, with data.seed and "
-                    "train.seed set to this (a second training seed of the study)")
-    ap.add_argument("--order", choices=["longest", "given"], default="longest",
-                    help="start the points with the longest recorded run first (default) or in the sweep's order")
-    a = ap.parse_args(argv)
-    argv = list(a.overrides)
-    if not any(x.startswith("experiment=") for x in argv):
-        argv = ["experiment=tiny_study"] + argv
-    t0 = time.time()
-    jobs, results_dir = plan(argv, a.seed)
-    todo = [j for j in jobs if not j["done"]]
-    print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
-          f"config hash in the study's rows), {len(todo)} to run", flush=True)
-    for i, j in enumerate(jobs, 1):
-        exp = f"  ~{hms(j['expected_s'])}" if j["expected_s"] is not None else "  ~?"
-        state = ("done: " + j["done"] if j["done"] else
-                 f"to run (row {j['old_gate']}: older convergence gate)" if j["old_gate"] else "to run")
-        print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {state}"
-              f"  (config {j['hash']}){exp}", flush=True)
-    jobs_n = max(1, a.jobs)
-    print_estimate(jobs, todo, jobs_n)
-    todo = order_jobs(todo, a.order)
-    if a.dry_run:
-        return 0
+def run_points(todo: list[dict], results_dir: str, jobs_n: int, t0: float) -> tuple[list[str], list[str]]:
+    """Run the points of ``todo``, ``jobs_n`` at once, each as ``python run.py <overrides>`` under its lock; the labels
+    of the points that failed and of those another ``make study`` took."""
     failed, times, taken = [], [], []
     locks: dict = {}  # Popen -> the point's lock, held while it runs
     env = os.environ.copy()
@@ -257,6 +228,43 @@ def main(argv=None) -> int:
             failed.append(j["label"])
         print(f"== [{k}/{len(todo)}] {j['label']}: {status} in {hms(dt)}; elapsed {hms(time.time() - t0)}, "
               f"about {hms(left)} left", flush=True)
+    return failed, taken
+
+
+def main(argv=None) -> int:
+    """the whole tiny study, resumable, then tables and findings."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (default: experiment=tiny_study)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and stop")
+    ap.add_argument("--no-report", action="store_true", help="skip make tables / make findings at the end")
+    ap.add_argument("--no-figures", action="store_true", help="make tables without the figures")
+    ap.add_argument("--jobs", type=int, default=1, help="points run at once, each with cores / jobs threads "
+                    "(OMP_NUM_THREADS); on a 2-core CPU 2 x 1 thread finished more points per hour than 1 x 2")
+    ap.add_argument("--seed", type=int, default=None, help="run only the fine-tuned points, with data.seed and "
+                    "train.seed set to this (a second training seed of the study)")
+    ap.add_argument("--order", choices=["longest", "given"], default="longest",
+                    help="start the points with the longest recorded run first (default) or in the sweep's order")
+    a = ap.parse_args(argv)
+    argv = list(a.overrides)
+    if not any(x.startswith("experiment=") for x in argv):
+        argv = ["experiment=tiny_study"] + argv
+    t0 = time.time()
+    jobs, results_dir = plan(argv, a.seed)
+    todo = [j for j in jobs if not j["done"]]
+    print(f"study {' '.join(argv)}: {len(jobs)} points, {len(jobs) - len(todo)} already done (a row with the same "
+          f"config hash in the study's rows), {len(todo)} to run", flush=True)
+    for i, j in enumerate(jobs, 1):
+        exp = f"  ~{hms(j['expected_s'])}" if j["expected_s"] is not None else "  ~?"
+        state = ("done: " + j["done"] if j["done"] else
+                 f"to run (row {j['old_gate']}: older convergence gate)" if j["old_gate"] else "to run")
+        print(f"  [{i:2d}/{len(jobs)}] {j['label']:40s} {state}"
+              f"  (config {j['hash']}){exp}", flush=True)
+    jobs_n = max(1, a.jobs)
+    print_estimate(jobs, todo, jobs_n)
+    todo = order_jobs(todo, a.order)
+    if a.dry_run:
+        return 0
+    failed, taken = run_points(todo, results_dir, jobs_n, t0)
     if not a.no_report:
         findings, tables = tools.findings, tools.tables
         print("\n== make tables", flush=True)

@@ -24,13 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOOLS = {  # tool -> (script, or -m module, what it does)
     "run": ("run.py", "one run (or -m, a sweep): model x method x data x train x eval -> one results row"),
-    "plan": ("scripts/plan.py", "cost plan of a sweep: memory per rank, tokens, GPU-hours, checkpoint space"),
-    "submit": ("scripts/submit.py", "submit a sweep to Slurm and exit (job ids -> results/jobs/)"),
     "status": ("-m harness.status", "unfinished, stale and failed rows of the results directory"),
-    "prepare-eval": ("scripts/prepare_eval_data.py", "fetch or convert the evaluation data (paths.eval_root)"),
-    "prepare-cluster": ("scripts/prepare_cluster_data.py", "fetch the fine-tuning shards, with a size estimate"),
-    "build-data": ("scripts/build_data.py", "build a run's tokenised data cache before its GPU job"),
-    "gguf-to-hf": ("scripts/gguf_to_hf.py", "a Hugging Face folder from a GGUF file (the shipped SmolLM2 included)"),
     "lm-eval": ("-m harness.lmeval", "lm-eval's command line with the model `harness` (a method and its settings)"),
 }
 

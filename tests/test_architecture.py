@@ -28,6 +28,7 @@ FLOORS = [
     ("library", {"api"}),  # the public API (extend, evaluate, save, load): run.py's stages are api.run
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
     ("entry", {"precheck", "shards", "cli", "lmeval"}),  # cli: `harness <tool>`; lmeval: the model for lm-eval
+    ("tools", {"tools"}),  # the library's tools behind `harness <tool>` (plan, submit, build-data, prepare-*, ...)
     # the controlled study, an app on the library (package controlled_study): tables, findings, figures and the
     # paper's numbers, reading what the evaluators declare and the methods' facts; nothing in harness imports it
     ("study", {"controlled_study"}),
@@ -271,11 +272,12 @@ def test_every_registered_component_meets_its_registry_contract():
 
 # -- floors held by where code lives (issue 49): measured, printed, and held at today's counts -----------------------
 # ceilings: today's counts (issue 49, before -> after: function-level harness imports 173 -> 103 -> 3, private names
-# crossing a module boundary 20 -> 0, functions over 60 lines 14 -> 11); lower them as code moves, never raise them.
+# crossing a module boundary 20 -> 0, functions over 60 lines 14 -> 11 -> 10, counting controlled_study and the
+# tools moved from scripts/ into the packages); lower them as code moves, never raise them.
 # The three left each say why at the import: two cycles of harness.methods with its rope and persist modules, and
 # matplotlib, imported only when figures are drawn.
 MAX_FUNCTION_IMPORTS = 3
-MAX_LONG_FUNCTIONS = 11
+MAX_LONG_FUNCTIONS = 10
 LONG = 60  # lines of a function (signature, docstring and body)
 
 

@@ -27,7 +27,7 @@ def test_the_template_wraps_one_user_turn_and_opens_the_answer(chat_tok):
 
 def test_longbench_and_ruler_use_it_only_when_asked(chat_tok, tiny):
     from harness.evals import longbench as lb
-    from harness.evals._ruler_data import RulerGenerator
+    from harness.evals.ruler_data import RulerGenerator
 
     sample = {"context": "a b c", "input": "what?"}
     task = "narrativeqa"  # a task pred.py wraps in the chat template (not in NO_CHAT_TASKS)

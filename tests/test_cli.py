@@ -43,9 +43,16 @@ def test_the_study_tools_are_the_installed_packages_code(tmp_path, capsys):
     import controlled_study.tools as study_tools
 
     installed = cli.installed_tools()
-    assert {"study", "tables", "findings", "export"} <= set(installed)
+    study = {"study", "tables", "findings", "export"}
+    library = {"plan", "submit", "build-data", "gguf-to-hf", "prepare-eval", "prepare-cluster"}
+    assert set(installed) == study | library   # every tool but run.py (the Hydra app) and the -m modules
     for name, ep in installed.items():
-        assert ep.value.startswith("controlled_study.") and callable(ep.load()), name
+        assert ep.value.startswith("controlled_study." if name in study else "harness.tools."), name
+        assert callable(ep.load()) and ep.load().__doc__, name   # its first docstring line is the usage line
+    for name in library:   # the checkout's script is a thin front for the same function
+        module = installed[name].value.split(":")[0]
+        script = ROOT / "scripts" / (module.rsplit(".", 1)[1] + ".py")
+        assert f"from {module} import main" in script.read_text(), name
     for name, script in (("tables", "make_tables.py"), ("findings", "make_findings.py"), ("export", "export_rows.py")):
         assert installed[name].load() is getattr(study_tools, name)
         assert f"from controlled_study.tools import {name} as main" in (ROOT / "scripts" / script).read_text()

@@ -20,7 +20,7 @@ from harness.evals import EvalContext
 from harness.evals import babilong as B
 from harness.evals import helmet_recall as H
 from harness.evals import longbench_v2 as V
-from harness.evals._ruler_data import DoesNotFit
+from harness.evals.ruler_data import DoesNotFit
 from harness.evals.templates import (
     BABILONG_PROMPTS,
     BABILONG_TEMPLATE,
@@ -327,7 +327,7 @@ def test_helmet_ruler_subsets_use_helmets_template(tok, task, v, tmpl):
 
 def test_ruler_generator_default_unchanged(tok):
     """The HELMET join is opt-in: RULER's own prompts still end with ' The special magic ...'."""
-    from harness.evals._ruler_data import RulerGenerator
+    from harness.evals.ruler_data import RulerGenerator
 
     s = RulerGenerator(tok).samples("niah_single_2", 2048, 1)[0]["input"]
     assert "? The special magic number for" in s

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, load_file_module
 
 from harness.evals import EvalContext
-from harness.evals import _longbench_metrics as M
+from harness.evals import longbench_metrics as M
 from harness.evals.longbench import FIXTURES, LongBench, build_input, load_task, middle_truncate, rescore_file
 from harness.evals.manyshot_trec import BANK, LONGBENCH_TREC_CLASSES, ManyShotTrec, build_records, load_bank
 

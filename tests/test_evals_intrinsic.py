@@ -16,7 +16,7 @@ import torch
 from conftest import random_llama
 
 from harness.evals import EvalContext
-from harness.evals import _ruler_data as rd
+from harness.evals import ruler_data as rd
 from harness.evals.common import PrefixCache, greedy_generate, token_nll
 from harness.evals.niah import LCEG_EXPECTED, NeedleInAHaystack, insert_needle, lceg_score, period_ids, rouge_score
 from harness.evals.nll_by_position import NLLByPosition, bucket_means

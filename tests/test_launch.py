@@ -88,7 +88,7 @@ def test_checkpoints_of_a_cluster_job_go_to_scratch(tmp_path, monkeypatch):
         submit.job_ckpt_dir(cfg, setup, cwd=ROOT, env={**base, "HARNESS_CKPT_DIR": "outputs/ckpt"})
     explicit = sweeps.compose([*PI, f"paths.ckpt_dir={tmp_path / 'mine'}"])  # the command line wins over the env
     assert submit.job_ckpt_dir(explicit, setup, env={**base, "SCRATCH": "/s"}) == tmp_path / "mine"
-    plan_script = load_file_module(ROOT / "scripts" / "plan.py", "plan_script")  # `make plan` says where, or why not
+    from harness.tools import plan as plan_script  # `make plan` says where, or why not
     monkeypatch.delenv("HARNESS_CKPT_DIR", raising=False)
     monkeypatch.setenv("SCRATCH", str(tmp_path))
     assert plan_script.cluster_ckpt_dir(cfg) == str(tmp_path / "long-context-harness" / "ckpt")

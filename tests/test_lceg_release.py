@@ -63,9 +63,8 @@ def test_every_released_checkpoint_is_a_row_under_its_method_at_table_8_settings
 
 
 def test_the_prefetch_list_is_the_released_checkpoints():
-    from tests.conftest import ROOT, load_file_module
 
-    prep = load_file_module(ROOT / "scripts" / "prepare_cluster_data.py")
+    from harness.tools import prepare_cluster_data as prep
     assert set(prep.hub_ids("lceg_release").values()) == set(RELEASED)
 
 

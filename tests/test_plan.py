@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_file_module
 
 from harness import plan
 from harness.conf_utils import group_defaults
@@ -14,7 +13,9 @@ from harness.evals.ppl import ASSUMED_DOC_TOKENS
 
 
 def plan_script():
-    return load_file_module(ROOT / "scripts" / "plan.py", "plan_script")
+    from harness.tools import plan as tool
+
+    return tool
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import ROOT, load_file_module
+from conftest import ROOT
 from omegaconf import OmegaConf
 
 from harness import conf_utils
@@ -23,7 +23,9 @@ VARIABLES = sorted({v for f in EVAL_FILES for v in re.findall(r"(?:oc\.env|env_o
 
 @pytest.fixture
 def prep():
-    return load_file_module(ROOT / "scripts" / "prepare_eval_data.py", "prepare_eval_data_under_test")
+    from harness.tools import prepare_eval_data
+
+    return prepare_eval_data
 
 
 @pytest.fixture
@@ -89,7 +91,7 @@ def test_source_dir_writes_what_the_evaluators_read(tmp_path, eval_root, prep, c
     are refused; after, they validate and each evaluator's reader finds what was written."""
     from transformers import AutoTokenizer
 
-    from harness.evals import _ruler_data, manyshot_trec, niah
+    from harness.evals import manyshot_trec, niah, ruler_data
     from harness.evals.ppl import load_token_stream
 
     src = make_eval_sources(tmp_path / "src")
@@ -118,7 +120,7 @@ def test_source_dir_writes_what_the_evaluators_read(tmp_path, eval_root, prep, c
 
     pl = suites["paper_llama2"][0]
     assert niah.haystack_text(pl["niah"]["haystack_dir"])[1] == pl["niah"]["haystack_dir"]  # not the fallback
-    gen = _ruler_data.RulerGenerator(tok, essay_dir=pl["ruler"]["essay_dir"], squad_path=pl["ruler"]["squad_path"],
+    gen = ruler_data.RulerGenerator(tok, essay_dir=pl["ruler"]["essay_dir"], squad_path=pl["ruler"]["squad_path"],
                                      hotpotqa_path=pl["ruler"]["hotpotqa_path"])
     assert gen.haystack(10).source == pl["ruler"]["essay_dir"]
     squad = json.loads((src / "squad" / "dev-v2.0.json").read_text())

@@ -92,7 +92,7 @@ def test_ruler_key_probe_swaps_the_keys(capsys):
     from conftest import load_file_module
 
     from harness.data import synthetic as S
-    from harness.evals import _ruler_data as R
+    from harness.evals import ruler_data as R
 
     probe = load_file_module(ROOT / "scripts" / "probes" / "ruler_key_probe.py")
     saved = R.niah_words, R.RULER_NIAH_NEEDLE, R.RULER_TASKS

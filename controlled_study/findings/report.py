@@ -321,7 +321,7 @@ def _header(fs: list[Finding], ev: Evidence, model: str, source: str, n_parts: i
            "**Evidence**: each finding is read on the evaluator its claim comes from in the paper (the *evidence* "
            "column: the paper's source \u2192 ours); where the rows have no measurable scores of that evaluator, the "
            "part falls back to the one named there. RULER here is always " + RULER_STYLE + " (the project's own "
-           "offline generator, `harness/evals/_ruler_data.py`; its differences from RULER's samples: "
+           "offline generator, `harness/evals/ruler_data.py`; its differences from RULER's samples: "
            "`docs/ruler_check.md`): its numbers are not comparable with RULER's published ones.",
            "",
            "**Gate**: the convergence gate admits a fine-tuned row when, inside C, its PPL on held-out books is within "

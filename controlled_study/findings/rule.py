@@ -320,7 +320,7 @@ class Evidence:
 
     def ruler_source(self) -> tuple[bool, str]:
         """(whether the rows of this model have RULER and it is measurable, the line naming it): the project's
-        RULER-style tasks (``harness.evals._ruler_data``), never RULER's own samples (docs/ruler_check.md)."""
+        RULER-style tasks (``harness.evals.ruler_data``), never RULER's own samples (docs/ruler_check.md)."""
         have = any(est.lengths_of(self.rs, e, "ruler") for e in self.entries)
         if not have:
             return False, "RULER not run for this model"

@@ -28,7 +28,7 @@ length and sample) writes the samples. How it differs from the released data:
   is checked to have exactly one answer in its story (qa3 asks about a location the object visited once; qa5 only
   asks questions whose answer is unique over all giving events); qa4 has bAbI's two relation facts per story.
 - Haystack: the Shakespeare test split (offline books, the same the passkey / NIAH / RULER evaluators use), split
-  into sentences by ``_ruler_data.split_sentences`` (the original: ``nltk.PunktSentenceTokenizer`` on PG19),
+  into sentences by ``ruler_data.split_sentences`` (the original: ``nltk.PunktSentenceTokenizer`` on PG19),
   keeping sentences of at least ``min_sentence_tokens`` tokens (the original's ``min_sentence_len``), read in order
   from a seeded random start (the original's ``shuffle=True`` sampler starts at a random point of a random book).
 - Length: L is the whole input, prompt + ``max_new_tokens`` <= L tokens (BOS included), as every evaluator here;
@@ -61,8 +61,8 @@ from harness.evals import (
     tasks_x_samples,
     write_jsonl,
 )
-from harness.evals._ruler_data import DoesNotFit, split_sentences
 from harness.evals.common import PrefixCache, reuse_order
+from harness.evals.ruler_data import DoesNotFit, split_sentences
 from harness.evals.templates import BABILONG_PROMPTS, BABILONG_TEMPLATE
 from harness.stats import bounded_interval, wilson
 

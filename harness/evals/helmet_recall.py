@@ -15,7 +15,7 @@ tokenizer: ``test_k50_dep6`` = 4k for LLaMA-2 ... ``test_k1800_dep6`` = 128k).
 ``ruler_niah_mk_2`` / ``ruler_niah_mk_3`` / ``ruler_niah_mv`` (``data.py`` ``load_ruler``): RULER's niah_multikey_2
 (a haystack of distractor needles, word keys, number values), niah_multikey_3 (the same with UUID keys and values)
 and niah_multivalue (essay haystack, 4 values for one key), generated here by RULER's own generator
-(``harness.evals._ruler_data``, the ``ruler`` evaluator's), with HELMET's template: RULER's, singular when one value
+(``harness.evals.ruler_data``, the ``ruler`` evaluator's), with HELMET's template: RULER's, singular when one value
 is asked for, and the answer prefix on its own line (``user_template + "\\n" + system_template``) instead of after a
 space. Generation 50 / 100 / 50 tokens. Score: ``ruler_recall`` = the fraction of the gold values contained in the
 lower-cased raw prediction (no post-processing).
@@ -57,8 +57,8 @@ from harness.evals import (
     tasks_x_samples,
     write_jsonl,
 )
-from harness.evals._ruler_data import DoesNotFit, RulerGenerator, largest_fitting
 from harness.evals.common import PrefixCache, reuse_order
+from harness.evals.ruler_data import DoesNotFit, RulerGenerator, largest_fitting
 from harness.evals.templates import (
     HELMET_JSON_KV_DEMO,
     HELMET_JSON_KV_SYSTEM,

@@ -5,7 +5,7 @@ Per sample, as ``pred.py``: ``prompt = dataset2prompt[task].format(**sample)``; 
 (BOS included); if longer than the prompt budget ``max_length``, keep the first ``int(max_length/2)`` and the last
 ``int(max_length/2)`` tokens (**middle truncation**); greedy decoding of up to ``dataset2maxlen[task]`` new tokens
 (the generation budget comes *on top of* the prompt budget, as in both originals); the prediction is the decoded new
-tokens (``skip_special_tokens=True``). Scores: ``harness.evals._longbench_metrics`` (official metrics, golden-checked
+tokens (``skip_special_tokens=True``). Scores: ``harness.evals.longbench_metrics`` (official metrics, golden-checked
 against LongLoRA's shipped predictions).
 
 Two variants (``variant``):
@@ -50,7 +50,7 @@ import torch
 
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, Spec, check_nonneg, lengths_within, write_jsonl
-from harness.evals import _longbench_metrics as M
+from harness.evals import longbench_metrics as M
 from harness.evals.common import greedy_generate
 from harness.evals.templates import tokenizer_chat_template
 

@@ -34,9 +34,9 @@ import torch
 
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalArgs, Spec, check_nonneg, check_positive, lengths_within, write_jsonl
-from harness.evals._longbench_metrics import PROMPTS, sample_score
 from harness.evals.common import greedy_generate
 from harness.evals.longbench import middle_truncate
+from harness.evals.longbench_metrics import PROMPTS, sample_score
 
 BANK = Path(__file__).resolve().parents[1] / "assets" / "fixtures" / "trec" / "questions.jsonl"
 SHOTS = [1, 5, 10, 25, 50, 75, 100, 200, 300, 400, 500, 625, 750, 875, 1000]

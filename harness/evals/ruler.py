@@ -1,7 +1,7 @@
 """ruler: the 13 RULER tasks (Hsieh et al. 2024, NVIDIA/RULER release 4f6507e = LCEG ``ruler/``), per task and
 per length, as in the controlled study's Tables 12-16.
 
-Samples come from our own deterministic offline generator (``harness.evals._ruler_data``; its docstring lists
+Samples come from our own deterministic offline generator (``harness.evals.ruler_data``; its docstring lists
 what is identical to RULER and what differs). Each sample is ``model_template.format(task_template) +
 answer_prefix`` (``base`` template, as LCEG uses for its base models), decoded greedily with the KV cache for
 ``tokens_to_generate`` tokens (RULER's per-task budget, 128/30/120/50/32), and scored with RULER's
@@ -40,7 +40,8 @@ from harness.evals import (
     tasks_x_samples,
     write_jsonl,
 )
-from harness.evals._ruler_data import (
+from harness.evals.common import PrefixCache, reuse_order
+from harness.evals.ruler_data import (
     ALL_TASKS,
     METRIC,
     METRICS,
@@ -49,7 +50,6 @@ from harness.evals._ruler_data import (
     RulerGenerator,
     postprocess_pred,
 )
-from harness.evals.common import PrefixCache, reuse_order
 from harness.evals.templates import RULER_TASKS
 from harness.stats import bounded_interval
 

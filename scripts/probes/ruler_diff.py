@@ -13,7 +13,7 @@ them at import from a network-free path only in newer versions): those are compa
 docs/ruler_check.md. lm-eval's generator imports nltk and asks for the punkt model at import; the import is made
 with nltk's lookup answered locally (no download; punkt is used only by the essay haystack, not compared here).
 
-Per task and length, over ``--samples`` samples of each generator (ours: ``harness.evals._ruler_data``, default
+Per task and length, over ``--samples`` samples of each generator (ours: ``harness.evals.ruler_data``, default
 settings, seed 42; lm-eval: its ``generate_samples`` / ``sys_vartrack_w_noise_random`` / ``sys_kwext`` after
 ``random.seed(42)``): the prompt's first and last lines (template), the prompt length in tokens + the generation
 budget against L, the haystack size, where the answer sits in the context (fraction of the context before it; a
@@ -77,7 +77,7 @@ def lm_eval_samples(task: str, L: int, n: int, tok, mods) -> list[dict]:
 
 
 def our_samples(task: str, L: int, n: int, tok) -> list[dict]:
-    from harness.evals._ruler_data import RulerGenerator
+    from harness.evals.ruler_data import RulerGenerator
 
     return RulerGenerator(tok, seed=42).samples(task, L, n)
 

@@ -18,7 +18,7 @@ import torch
 
 from harness.data import synthetic as S
 from harness.evals import EvalContext, build_evaluators
-from harness.evals import _ruler_data as R
+from harness.evals import ruler_data as R
 from harness.evals.gate import RULER_TINY
 from harness.models import load_model
 from harness.models.tiny_llama import ASSET_DIR

@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     from controlled_study.rows import load_spec
     from harness.conf_utils import compose
     from harness.evals import EvalContext
-    from harness.evals._ruler_data import ALL_TASKS
     from harness.evals.ruler import Ruler
+    from harness.evals.ruler_data import ALL_TASKS
     from harness.methods import build_method
     from harness.models import build_model
 

@@ -8,8 +8,8 @@ Model: random weights with LLaMA2-7B's layer shapes (hidden 4096, MLP 11008, 32 
 1e4, native window C = 4096) and ``--layers`` decoder layers (default 4 of the real 32): per-layer figures
 (latency, activation memory) scale with the layer count, the weights and the LM head do not. Every figure in the
 JSON carries the size it was measured at (tokens, batch, layers, dtype). The methods take the controlled study's
-settings (``conf/point/paper_llama2/<row>.yaml``: Self-Extend W = 1024, G = 64; LM-Infinite 10 global + 4096 local;
-Landmark block 64, top-5; LongLoRA S2 groups of N/4).
+settings (``controlled_study/conf/point/paper_llama2/<row>.yaml``: Self-Extend W = 1024, G = 64; LM-Infinite 10
+global + 4096 local; Landmark block 64, top-5; LongLoRA S2 groups of N/4).
 
 Sections (``--only``):
 - ``prefill``: one decoder forward (no LM head) at 8k / 32k / 64k tokens per method, fused backend

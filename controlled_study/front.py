@@ -111,7 +111,8 @@ def write_index(results_dir: str | Path) -> Path:
     results_dir = Path(results_dir)
     out = [INDEX_TITLE, "",
            "A row belongs to a study by declaration: a study names itself (`study.experiment` in "
-           "`conf/experiment/<name>.yaml`, or `+study.experiment=<name>`), its runs write their rows to "
+           "`controlled_study/conf/experiment/<name>.yaml`, or `+study.experiment=<name>`), its runs write their "
+           "rows to "
            "`<name>/runs/`, and its tables, figures, findings and page are built from those rows only. A row of no "
            "study (`make run`, a plain `python run.py` or sweep) goes to `runs/`; `make tables` draws its tables and "
            "figures in `tables/` and `figures/` here, apart from every study (not committed: `.gitignore`).", ""]

@@ -1,4 +1,4 @@
-"""``harness <tool> [args]``: the checkout's main tools behind one console command (``[project.scripts]``).
+"""``harness <tool> [args]``: the installed packages' tools behind one console command (``[project.scripts]``).
 
     harness run method=ntk_dynamic model=llama2_7b     # = python run.py ...
     harness tables                                     # = make tables (python scripts/make_tables.py)
@@ -6,39 +6,37 @@
     harness gguf-to-hf smollm2_135m smollm2-hf           # = python scripts/gguf_to_hf.py ...
     harness lm-eval --model harness --model_args pretrained=DIR,method=yarn --tasks ...   # = python -m harness.lmeval
 
-Two kinds of tool. An installed package's function, registered under the entry-point group ``harness.tools``
-(``pyproject.toml``): the controlled study's ``study``, ``tables``, ``findings`` and ``export``
-(``controlled_study``), so the library's command runs the study's code without importing it. And the checkout's own
-scripts (the Hydra app ``run.py``, ``scripts/*.py``), run as ``__main__`` with the given arguments, so the command
-and ``python <script> ...`` are one program (the same Hydra app, the same exit codes); they and ``conf/`` are read
-from the checkout beside this package (an editable install: ``pip install -e .``, ``make setup``).
+Every tool is installed code, of two kinds. An installed package's function, registered under the entry-point group
+``harness.tools`` (``pyproject.toml``): the library's own (``plan``, ``submit``, ... in ``harness/tools``) and the
+controlled study's (the Hydra app ``run``, ``study``, ``tables``, ``findings``, ``export``: ``controlled_study``), so
+the library's command runs the study's code without importing it; and a ``-m`` module of this package, run as
+``__main__``. The checkout's ``run.py`` and ``scripts/<tool>.py`` are thin fronts for the same functions, so the
+command and ``python <script> ...`` are one program (the same Hydra app, the same exit codes).
 """
 from __future__ import annotations
 
 import runpy
 import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness.conf_utils import TOOLS_GROUP
 
-TOOLS = {  # tool -> (script, or -m module, what it does)
-    "run": ("run.py", "one run (or -m, a sweep): model x method x data x train x eval -> one results row"),
+TOOLS = {  # tool -> (-m module of this package, what it does)
     "status": ("-m harness.status", "unfinished, stale and failed rows of the results directory"),
     "lm-eval": ("-m harness.lmeval", "lm-eval's command line with the model `harness` (a method and its settings)"),
 }
 
 
-GROUP = "harness.tools"  # the entry-point group through which an installed package adds a tool
+GROUP = TOOLS_GROUP  # the entry-point group through which an installed package adds a tool
 
 
 def installed_tools() -> dict:
-    """tool -> its entry point, for every installed package's ``harness.tools`` (a script of the same name wins)."""
+    """tool -> its entry point, for every installed package's ``harness.tools`` (a module of ``TOOLS`` wins)."""
     return {ep.name: ep for ep in entry_points(group=GROUP) if ep.name not in TOOLS}
 
 
 def tools() -> dict:
-    """tool -> what it does: the checkout's scripts, then the installed packages' tools (their function's first
+    """tool -> what it does: this package's modules, then the installed packages' tools (their function's first
     docstring line)."""
     out = {t: what for t, (_, what) in TOOLS.items()}
     for name, ep in sorted(installed_tools().items()):
@@ -66,15 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if tool not in TOOLS:
         print(f"harness: unknown tool {tool!r} (valid: {', '.join([*TOOLS, *installed])})", file=sys.stderr)
         return 2
-    target = TOOLS[tool][0]
-    if target.startswith("-m "):  # a module of this package
-        return _run(lambda: runpy.run_module(target[3:], run_name="__main__", alter_sys=True), [target[3:], *args])
-    script = ROOT / target
-    if not script.is_file():
-        print(f"harness: {script} is missing: the tools run from a checkout installed with `pip install -e .`",
-              file=sys.stderr)
-        return 2
-    return _run(lambda: runpy.run_path(str(script), run_name="__main__"), [str(script), *args])
+    module = TOOLS[tool][0][3:]  # a module of this package
+    return _run(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True), [module, *args])
 
 
 def _run(call, argv: list[str]) -> int:

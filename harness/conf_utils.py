@@ -1,6 +1,11 @@
 """Hydra helpers shared by run.py, scripts and tests: the config directories, custom resolvers, and composing a
 group's defaults outside of a Hydra app.
 
+Installed packages: a package registered under the entry-point group ``harness.conf`` (``pyproject.toml``) adds its
+``conf/`` folder to the search path after ``conf/``: the controlled study's sweep points and experiments
+(``controlled_study/conf/point``, ``controlled_study/conf/experiment``) are found this way, so the library names no
+study.
+
 Plugins: ``HARNESS_PLUGINS`` names modules (comma-separated, importable: on ``sys.path`` / ``PYTHONPATH``) that
 register components of their own (a method, an evaluator, ...) the way the harness' own files do. Every registry
 imports them when it loads (``harness.registry``), and a ``conf/`` folder beside a plugin module (its package folder,
@@ -17,6 +22,8 @@ from harness.safe import NAME_MAX, check_name, env_setting, is_safe_name
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PLUGINS_ENV = "HARNESS_PLUGINS"
+CONF_GROUP = "harness.conf"  # the entry-point group through which an installed package adds its conf/ folder
+TOOLS_GROUP = "harness.tools"  # ... and its tools: `harness <tool>` (harness/cli.py), the run app (harness/submit.py)
 
 
 def plugin_modules() -> list[str]:
@@ -41,9 +48,27 @@ def plugin_conf_dirs() -> list[Path]:
     return out
 
 
+def installed_conf_dirs() -> list[Path]:
+    """The ``conf/`` folders of the installed packages registered under ``CONF_GROUP`` (each entry's value: a
+    package name, found without importing it)."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    out = []
+    for ep in sorted(entry_points(group=CONF_GROUP), key=lambda e: e.name):
+        spec = importlib.util.find_spec(ep.value)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(f"entry point {ep.name} = {ep.value!r} of {CONF_GROUP}: no such package")
+        d = Path(next(iter(spec.submodule_search_locations))) / "conf"
+        if d.is_dir() and d not in out:
+            out.append(d)
+    return out
+
+
 def conf_dirs() -> list[Path]:
-    """Where configs are looked up, in order: ``conf/``, then the plugins' ``conf/`` folders."""
-    return [CONF_DIR, *plugin_conf_dirs()]
+    """Where configs are looked up, in order: ``conf/``, the installed packages' ``conf/`` folders (the controlled
+    study's), then the plugins'."""
+    return [CONF_DIR, *installed_conf_dirs(), *plugin_conf_dirs()]
 
 
 def find_conf(group: str, name: str) -> Path | None:
@@ -152,10 +177,10 @@ def _yaml(path: Path) -> dict:
 def generated_points() -> dict:
     """``{experiment: {method: node}}``: the sweep points an experiment takes from the method registry. An experiment
     whose YAML declares ``study.every_method: {trains: <recipe>, frozen: <recipe>}`` has, for every method YAML
-    (``conf/method/*.yaml``, a plugin's included) with no ``conf/point/<experiment>/<method>.yaml``, the point
-    ``<experiment>/<method>``: the method, the train recipe its ``facts.trains`` chooses and ``study.row`` = its
-    ``facts.label``. A point file stays only for a true variant (other settings, another row name, a label that
-    names the model). Composed exactly as the file it replaces would be (the same config, so the same hash)."""
+    (``conf/method/*.yaml``, a plugin's included) with no ``point/<experiment>/<method>.yaml`` in a config folder,
+    the point ``<experiment>/<method>``: the method, the train recipe its ``facts.trains`` chooses and ``study.row``
+    = its ``facts.label``. A point file stays only for a true variant (other settings, another row name, a label
+    that names the model). Composed exactly as the file it replaces would be (the same config, so the same hash)."""
     out: dict = {}
     methods = {p.stem: p for d in reversed(conf_dirs()) for p in (d / "method").glob("*.yaml")}
     for d in conf_dirs():
@@ -188,15 +213,17 @@ def register_generated_points() -> None:
 
 
 def _points(experiment):
-    """``${points:tiny_study}`` -> every sweep point of an experiment, ``conf/point/<experiment>/*.yaml`` (a plugin's
-    ``conf/`` included) and the points it takes from the method registry (:func:`generated_points`), as Hydra's
-    choice list ``tiny_study/abf, tiny_study/base, ...`` (sorted): an experiment's sweep finds its points, so adding
-    one is adding its file, or, in an experiment with ``study.every_method``, adding the method."""
+    """``${points:tiny_study}`` -> every sweep point of an experiment, ``point/<experiment>/*.yaml`` of every config
+    folder (:func:`conf_dirs`: an installed study's, a plugin's) and the points it takes from the method registry
+    (:func:`generated_points`), as Hydra's choice list ``tiny_study/abf, tiny_study/base, ...`` (sorted): an
+    experiment's sweep finds its points, so adding one is adding its file, or, in an experiment with
+    ``study.every_method``, adding the method."""
     found = [p for d in conf_dirs() for p in (d / "point" / str(experiment)).glob("*.yaml")]
     names = sorted({f"{experiment}/{p.stem}" for p in found}
                    | {f"{experiment}/{m}" for m in generated_points().get(str(experiment), {})})
     if not names:
-        raise ValueError(f"points: no sweep point in conf/point/{experiment}/ (valid: a folder of conf/point)")
+        raise ValueError(f"points: no sweep point in point/{experiment}/ of {', '.join(map(str, conf_dirs()))} "
+                         f"(valid: a folder of point/)")
     return ", ".join(names)
 
 

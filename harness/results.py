@@ -648,10 +648,11 @@ def read_rows_in(directory: str | Path, with_mtime: bool = False, warn=None) -> 
 
 # ------------------------------------------------------------------------------------------------------ studies
 # A row belongs to a study by declaration: the study names itself in its config (``study.experiment: <name>``, in
-# its ``conf/experiment/<name>.yaml``, or ``+study.experiment=<name>`` on a command line), every row records it
-# (``config.study.experiment``), and the row goes to ``<results>/<name>/runs/``. A row of no study (a plain
-# ``run.py``, ``make run``, a sweep without ``experiment=``) goes to ``<results>/runs/``. Each study's tables,
-# figures, findings and front page are built from its own folder only (``make tables`` / ``make findings``).
+# its experiment YAML, ``experiment/<name>.yaml`` of a config folder, or ``+study.experiment=<name>`` on a command
+# line), every row records it (``config.study.experiment``), and the row goes to ``<results>/<name>/runs/``. A row
+# of no study (a plain ``run.py``, ``make run``, a sweep without ``experiment=``) goes to ``<results>/runs/``. Each
+# study's tables, figures, findings and front page are built from its own folder only (``make tables`` / ``make
+# findings``).
 # folders of a results directory that are not studies (and names a study may therefore not take)
 NOT_STUDIES = frozenset({"runs", "tables", "figures", "export", "archive", "curves", "factors", "jobs", "samples"})
 

@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import os
 import re
-import runpy
 import subprocess
-import sys
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
 from harness import pipeline, sweeps
+from harness.conf_utils import TOOLS_GROUP
 from harness.config import ConfigError
 from harness.results import atomic_write_json, now_iso
 from harness.status import jobs_path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_PY = ROOT / "run.py"
 CKPT_EXPORT = "export HARNESS_CKPT_DIR="  # the launcher setup line that places a cluster job's checkpoints
 
 
@@ -117,17 +116,30 @@ def executor_params(launcher: dict, cluster: str) -> tuple[dict, dict]:
     return init, update
 
 
+def run_app():
+    """The installed Hydra app of one run, ``run.py``'s function: the tool ``run`` of the entry-point group
+    ``harness.tools`` (the controlled study's app; the library names no study). Called with the command line's
+    arguments, it returns the exit code."""
+    apps = [ep for ep in entry_points(group=TOOLS_GROUP) if ep.name == "run"]
+    if len(apps) != 1:
+        raise ConfigError(f"{len(apps)} installed `run` tools under the entry-point group {TOOLS_GROUP} (valid: "
+                          f"exactly one; reinstall the package: make setup)")
+    return apps[0].load()
+
+
 class Point:
-    """One sweep point as a submitit job: ``run.py <overrides> hydra.run.dir=<run_dir>`` run as ``__main__``
-    inside the job's process (precheck, then the run), in the directory it was submitted from."""
+    """One sweep point as a submitit job: ``run.py <overrides> hydra.run.dir=<run_dir>``, the installed app
+    (:func:`run_app`) called inside the job's process (precheck, then the run), in the directory it was submitted
+    from."""
 
     def __init__(self, overrides: list[str], run_dir: str, cwd: str):
         self.overrides, self.run_dir, self.cwd = list(overrides), str(run_dir), str(cwd)
 
     def __call__(self) -> None:
         os.chdir(self.cwd)
-        sys.argv = [str(RUN_PY), *self.overrides, f"hydra.run.dir={self.run_dir}"]
-        runpy.run_path(str(RUN_PY), run_name="__main__")
+        code = run_app()([*self.overrides, f"hydra.run.dir={self.run_dir}"])
+        if code:
+            raise SystemExit(code)
 
     def checkpoint(self):
         """submitit's requeue on timeout or preemption: the same point again, in the same run directory."""

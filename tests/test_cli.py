@@ -5,6 +5,8 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 from harness import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,12 +16,9 @@ def test_the_console_script_is_declared_and_every_tool_exists():
     """The installed distribution's entry point (make setup reinstalls when pyproject.toml changes)."""
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "harness"]
     assert ep.value == "harness.cli:main" and ep.load() is cli.main
-    for tool, (target, what) in cli.TOOLS.items():
-        assert what, tool
-        if target.startswith("-m "):
-            assert (ROOT / (target[3:].replace(".", "/") + ".py")).is_file(), tool
-        else:
-            assert (ROOT / target).is_file() and "__main__" in (ROOT / target).read_text(), tool
+    for tool, (target, what) in cli.TOOLS.items():   # every one a module of the package, none a checkout script
+        assert what and target.startswith("-m harness."), tool
+        assert (ROOT / (target[3:].replace(".", "/") + ".py")).is_file(), tool
 
 
 def test_unknown_tool_is_one_line_and_exit_2(capsys):
@@ -43,9 +42,9 @@ def test_the_study_tools_are_the_installed_packages_code(tmp_path, capsys):
     import controlled_study.tools as study_tools
 
     installed = cli.installed_tools()
-    study = {"study", "tables", "findings", "export"}
+    study = {"run", "study", "tables", "findings", "export"}
     library = {"plan", "submit", "build-data", "gguf-to-hf", "prepare-eval", "prepare-cluster"}
-    assert set(installed) == study | library   # every tool but run.py (the Hydra app) and the -m modules
+    assert set(installed) == study | library   # every tool but the -m modules
     for name, ep in installed.items():
         assert ep.value.startswith("controlled_study." if name in study else "harness.tools."), name
         assert callable(ep.load()) and ep.load().__doc__, name   # its first docstring line is the usage line
@@ -57,8 +56,49 @@ def test_the_study_tools_are_the_installed_packages_code(tmp_path, capsys):
         assert installed[name].load() is getattr(study_tools, name)
         assert f"from controlled_study.tools import {name} as main" in (ROOT / "scripts" / script).read_text()
     assert "from controlled_study.study import main" in (ROOT / "scripts" / "study.py").read_text()
+    assert "from controlled_study.app import cli" in (ROOT / "run.py").read_text()   # run.py: the app's front
+    assert installed["run"].load() is __import__("controlled_study.app", fromlist=["cli"]).cli
     assert "tables" in cli.usage() and "findings" in cli.usage()
     (tmp_path / "runs").mkdir()
     assert cli.main(["findings", "--results", str(tmp_path)]) == 0   # no rows: no study, exit 0
     assert "make findings: 0 set(s) of rows" in capsys.readouterr().out
     assert cli.main(["findings", "--no-such-flag"]) == 2   # argparse's own exit code comes back
+
+
+@pytest.mark.integration
+def test_harness_run_is_the_installed_app(tmp_path):
+    """`harness run` calls the installed package's app (``controlled_study.app:cli``, no checkout script run by path):
+    it composes the same config as ``python run.py`` (the study's points on the search path through the
+    ``harness.conf`` entry point) and names the job ``run``."""
+    import subprocess
+    import sys
+
+    args = ["experiment=tiny_study", "point=tiny_study/ntk_64k_2b", "--cfg", "all"]
+    via_cli = subprocess.run([sys.executable, "-m", "harness.cli", "run", *args], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=300)
+    via_script = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
+                                cwd=tmp_path, timeout=300)
+    assert via_cli.returncode == 0 and via_script.returncode == 0, via_cli.stderr[-2000:] + via_script.stderr[-2000:]
+    def strip(out):   # all but the lines of this process's time and place
+        return [ln for ln in out.splitlines() if "${now:" not in ln and "cwd:" not in ln and "output_dir:" not in ln]
+
+    assert strip(via_cli.stdout) == strip(via_script.stdout)
+    assert "\n    name: run\n" in via_cli.stdout                   # the job's name (run.log), as run.py names it
+    assert "\n      point: tiny_study/ntk_64k_2b\n" in via_cli.stdout  # the study's point (the 2B-token variant)
+    assert "\nmethod:\n  name: ntk_64k\n" in via_cli.stdout
+
+
+def test_a_submitted_point_runs_the_installed_app(tmp_path, monkeypatch):
+    """A Slurm job (``harness.submit.Point``) calls the same installed app as ``harness run``: the entry point's
+    function, with the point's overrides and its run directory; a non-zero exit code ends the job with it."""
+    import controlled_study.app as app
+    from harness import submit
+
+    assert submit.run_app() is app.cli
+    calls = []
+    monkeypatch.setattr(app, "cli", lambda argv: calls.append(argv) or 3)   # what the job hands the app
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        submit.Point(["experiment=paper_llama2", "point=paper_llama2/pi"], tmp_path / "0_pi", tmp_path)()
+    assert e.value.code == 3
+    assert calls == [["experiment=paper_llama2", "point=paper_llama2/pi", f"hydra.run.dir={tmp_path / '0_pi'}"]]

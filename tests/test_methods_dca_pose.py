@@ -396,7 +396,7 @@ def test_points_validate_and_pose_takes_the_same_optimizer_steps(exp):
         assert dict(cfg.method) == conf_utils.group_defaults("method", name)  # the YAML as it is
         got[name] = (train, int(cfg.model.native_ctx))
         if exp == "paper_llama2" and name != "pi":
-            assert "method" not in OmegaConf.load(conf_utils.CONF_DIR / "point" / exp / f"{name}.yaml")
+            assert "method" not in OmegaConf.load(conf_utils.find_conf(f"point/{exp}", name))
     assert not got["dca"][0].enabled
     pose, c = got["pose"]
     pi, _ = got["pi"]

@@ -17,7 +17,7 @@ from harness.evals import check_suite
 from tests.fixtures.eval_sources import make_eval_sources
 
 EXPERIMENTS = ("paper_llama2", "paper_phi2", "entropy_abf")
-EVAL_FILES = [ROOT / "conf" / "eval" / "paper.yaml"] + [ROOT / "conf" / "experiment" / f"{e}.yaml" for e in EXPERIMENTS]
+EVAL_FILES = [ROOT / "conf" / "eval" / "paper.yaml"] + [conf_utils.find_conf("experiment", e) for e in EXPERIMENTS]
 VARIABLES = sorted({v for f in EVAL_FILES for v in re.findall(r"(?:oc\.env|env_or):(HARNESS_\w+)", f.read_text())})
 
 

@@ -6,6 +6,7 @@ import re
 import pytest
 import yaml
 
+from harness import conf_utils
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -70,7 +71,7 @@ def test_finding_count_matches_the_report():
 def test_every_option_the_readme_names_exists_and_every_option_is_named(group):
     row = next(line for line in README.splitlines() if line.startswith(f"| `{group}` |"))
     named = set(re.findall(r"`([a-z0-9_]+)`", row.split("|")[2]))
-    yamls = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+    yamls = {p.stem for d in conf_utils.conf_dirs() for p in (d / group).glob("*.yaml")}  # the study's experiments too
     assert named and named <= yamls, sorted(named - yamls)
     assert yamls <= named, sorted(yamls - named)  # and every YAML of the group is named
 

@@ -17,15 +17,23 @@ from conftest import ROOT, load_file_module
 
 from harness import conf_utils, sweeps
 
-EXPERIMENTS = sorted(p.stem for p in (conf_utils.CONF_DIR / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for d in conf_utils.conf_dirs() for p in (d / "experiment").glob("*.yaml"))
 TABLE1 = {"LLaMA2", "NTK-Frozen", "LM-Infinite", "Self-Extend", "PI", "NTK-32K", "YaRN", "CLEX", "LongLoRA",
           "Landmark", "NTK-64K", "NTK-64K-2B"}
+
+
+def test_the_study_points_live_in_the_study_package():
+    """The library's ``conf/`` holds no study point and no experiment: they are the controlled study's
+    (``controlled_study/conf``), on the config search path through its ``harness.conf`` entry point."""
+    assert not (conf_utils.CONF_DIR / "point").exists() and not (conf_utils.CONF_DIR / "experiment").exists()
+    assert conf_utils.installed_conf_dirs() == [ROOT / "controlled_study" / "conf"]
+    assert conf_utils.conf_dirs()[:2] == [conf_utils.CONF_DIR, ROOT / "controlled_study" / "conf"]
 
 
 def test_every_experiment_is_there():
     assert set(EXPERIMENTS) >= {"paper_llama2", "paper_phi2", "entropy_abf", "tiny_study"}
     for e in EXPERIMENTS:
-        lines = (conf_utils.CONF_DIR / "experiment" / f"{e}.yaml").read_text().splitlines()
+        lines = conf_utils.find_conf("experiment", e).read_text().splitlines()
         assert lines[0] == "# @package _global_" and lines[1].startswith(f"# python run.py -m experiment={e}")
 
 

@@ -70,7 +70,7 @@ def test_paper_llama2_points_need_no_method_override():
     are the paper's: NTK t per Table 8, Self-Extend W = 1024 / G = 64, LM-Infinite M = 4096 / G = 10."""
     from harness import sweeps
 
-    for p in sorted((conf_utils.CONF_DIR / "point" / "paper_llama2").glob("*.yaml")):
+    for p in sorted(p for d in conf_utils.conf_dirs() for p in (d / "point" / "paper_llama2").glob("*.yaml")):
         from omegaconf import OmegaConf
 
         node = OmegaConf.load(p).get("method") or {}

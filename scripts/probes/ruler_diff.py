@@ -197,9 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="1024,2048,4096")
     ap.add_argument("--write", default="", help="markdown file whose generated section is replaced")
     a = ap.parse_args(argv)
-    if a.pythonpath:
+    if a.pythonpath:  # the probe's one outside dependency, wonderwords, from a folder the user names
         sys.path.insert(0, a.pythonpath)
-    sys.path.insert(0, str(ROOT))
     try:
         mods = import_lm_eval_ruler()
     except ImportError as e:

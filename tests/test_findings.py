@@ -168,6 +168,19 @@ def test_missing_rows_are_inconclusive_never_a_verdict():
     assert {f.result for f in verdicts([]).values()} == {fd.INCONCLUSIVE}
 
 
+def test_a_difference_pools_only_the_lengths_both_sides_have():
+    """A study with some cells not run yet (the SmolLM2 track: Self-Extend at C only, NTK-F at C and 2C; 4C only on
+    a GPU): Needle pooled over C..16C compares the same lengths and prompts on both sides, never one side's 2C
+    against nothing."""
+    rows = world("paper")
+    se = next(r for r in rows if r["run_id"] == "self_extend-f")
+    pk = se["metrics"]["passkey"]
+    for k in ("accuracy", "correct"):
+        pk[k] = {L: v for L, v in pk[k].items() if L == str(C)}   # Self-Extend at C only: 1.00; NTK-F at C: 1.00
+    part = next(p for p in verdicts(rows)["e"].parts if p.what == "Self-Extend - NTK-F")
+    assert part.ci[0] == 0.0 and part.verdict() == fd.INCONCLUSIVE   # pooled over its own lengths it was +0.60
+
+
 def test_rows_without_per_sample_scores_give_no_verdict_on_ppl():
     rows = world("paper")
     for r in rows:

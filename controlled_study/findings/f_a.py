@@ -30,8 +30,9 @@ def f_a(ev: Evidence, paper: Paper) -> Finding:
         return f.decide()
     ex = [(ev.entry(k, False), k) for k in exact_ft(paper)]
     ap = [(ev.entry(k), k) for k in approx(paper)]
-    a, wa = grouped([ev.needle(e) if e else None for e, _ in ex], [k for e, k in ex])
-    b, wb = grouped([ev.needle(e) if e else None for e, _ in ap], [k for e, k in ap])
+    every = [e for e, _ in ex + ap if e]   # the group means over the lengths every member has
+    a, wa = grouped([ev.needle(e, *every) if e else None for e, _ in ex], [k for e, k in ex])
+    b, wb = grouped([ev.needle(e, *every) if e else None for e, _ in ap], [k for e, k in ap])
     missing = [k for e, k in ex + ap if e is None]
     p = part_prop("exact FT - approximate, Needle", a, b, "exact FT", "approximate")
     if wa or wb:

@@ -19,8 +19,8 @@ def f_b(ev: Evidence, paper: Paper) -> Finding:
         return f.decide()
     for k in ("pi", "yarn", "clex"):
         o = ev.entry(k, False)
-        f.parts.append(part_prop(f"NTK-32K - {label_of(o, k)}, Needle", ev.needle(n32) if n32 else None,
-                                  ev.needle(o) if o else None, "ntk_32k (fine-tuned)", f"{k} (fine-tuned)"))
+        f.parts.append(part_prop(f"NTK-32K - {label_of(o, k)}, Needle", ev.needle(n32, o) if n32 else None,
+                                  ev.needle(o, n32) if o else None, "ntk_32k (fine-tuned)", f"{k} (fine-tuned)"))
     base = ev.entry("base", True)
     src = ev.needle_source
     f.parts.append(part_prop(f"NTK-32K - {label_of(base, 'base')} at 16C, {src}",

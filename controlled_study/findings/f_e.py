@@ -24,7 +24,7 @@ def f_e(ev: Evidence, paper: Paper) -> Finding:
         f.parts = [Part("Self-Extend - others, Needle", why="no rows: self_extend (frozen)")]
         return f.decide()
     for o in others:
-        a, b = ev.needle(se), ev.needle(o)
+        a, b = ev.needle(se, o), ev.needle(o, se)   # over the lengths both have
         if b is None:
             continue
         part = part_prop(f"Self-Extend - {o.label}", a, b, "self_extend", o.label)

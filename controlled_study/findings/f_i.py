@@ -27,8 +27,9 @@ def f_i(ev: Evidence, paper: Paper) -> Finding:
     p.margin = RETRIEVE_MARGIN
     f.parts.append(p)
     ex = [(ev.entry(k, False), k) for k in exact_ft(paper)]
-    g, w = grouped([ev.needle(e) if e else None for e, _ in ex], [k for e, k in ex])
-    q = part_prop("exact FT - Landmark, Needle", g, ev.needle(lm) if lm else None, "exact FT", "landmark")
+    every = [e for e, _ in ex if e] + [lm]   # the group mean over the lengths every member and Landmark have
+    g, w = grouped([ev.needle(e, *every) if e else None for e, _ in ex], [k for e, k in ex])
+    q = part_prop("exact FT - Landmark, Needle", g, ev.needle(lm, *every) if lm else None, "exact FT", "landmark")
     if w:
         q.ci, q.why, q.at_level = None, w, None
     f.parts.append(q)

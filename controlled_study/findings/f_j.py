@@ -18,10 +18,10 @@ def f_j(ev: Evidence, paper: Paper) -> Finding:
         f.parts = [Part("NTK-64K", why=ev.needle_note)]
         return f.decide()
     n32, n64, n64b = ev.entry("ntk_32k", False), ev.entry("ntk_64k", False), ev.entry("ntk_64k_2b", False)
-    f.parts.append(part_prop("NTK-32K - NTK-64K, Needle", ev.needle(n32) if n32 else None,
-                              ev.needle(n64) if n64 else None, "ntk_32k", "ntk_64k"))
-    f.parts.append(part_prop("NTK-64K-2B - NTK-64K, Needle", ev.needle(n64b) if n64b else None,
-                              ev.needle(n64) if n64 else None, "ntk_64k_2b", "ntk_64k"))
+    f.parts.append(part_prop("NTK-32K - NTK-64K, Needle", ev.needle(n32, n64) if n32 else None,
+                              ev.needle(n64, n32) if n64 else None, "ntk_32k", "ntk_64k"))
+    f.parts.append(part_prop("NTK-64K-2B - NTK-64K, Needle", ev.needle(n64b, n64) if n64b else None,
+                              ev.needle(n64, n64b) if n64 else None, "ntk_64k_2b", "ntk_64k"))
     return f.decide()
 
 

@@ -371,12 +371,18 @@ class Evidence:
         return {"niah": "NIAH", "passkey": "passkey (NIAH not measurable at this scale)"}.get(
             self.needle_source or "", self.needle_note)
 
-    def needle(self, e: Entry):
-        """Needle pooled over the lengths e was evaluated at (Table 1's averaging)."""
+    def needle(self, e: Entry, *others: Entry | None):
+        """Needle pooled over the lengths e was evaluated at (Table 1's averaging). With ``others`` (what it is
+        compared with), over the lengths every one of them was evaluated at too, so that a difference compares the
+        same lengths and prompts (a study with some cells not yet run, e.g. 4C only on a GPU)."""
         if self.needle_source is None:
             return None
-        return est.pooled([self.at(e, self.needle_source, f)
-                           for f in est.lengths_of(self.rs, e, self.needle_source)])
+        lengths = est.lengths_of(self.rs, e, self.needle_source)
+        for o in others:
+            if o is not None:
+                theirs = set(est.lengths_of(self.rs, o, self.needle_source))
+                lengths = [f for f in lengths if f in theirs]
+        return est.pooled([self.at(e, self.needle_source, f) for f in lengths])
 
     def nll(self, e: Entry):
         p = self.rs.pick(e, "nll", lambda m, r: m if isinstance(m.get("per_doc"), list) and m["per_doc"] else None)
@@ -458,7 +464,7 @@ def part_prop(what: str, a, b, na: str, nb: str, direction: int = 1) -> Part:
 def members(ev: Evidence, left: list, right: list) -> list[Part]:
     """Needle of every member of ``left`` minus every member of ``right`` (entries with rows), same prompts: the
     member pairs behind a group mean, so that the mean cannot hide a member that goes the other way."""
-    return [part_prop(f"{a.label} - {b.label}, Needle", ev.needle(a), ev.needle(b), a.label, b.label)
+    return [part_prop(f"{a.label} - {b.label}, Needle", ev.needle(a, b), ev.needle(b, a), a.label, b.label)
             for a in left if a is not None for b in right if b is not None]
 
 

@@ -14,6 +14,7 @@ plugin ``hydra_plugins/harness_plugins``, so ``run.py method=<plugin's>`` compos
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -50,7 +51,13 @@ def plugin_conf_dirs() -> list[Path]:
 
 def installed_conf_dirs() -> list[Path]:
     """The ``conf/`` folders of the installed packages registered under ``CONF_GROUP`` (each entry's value: a
-    package name, found without importing it)."""
+    package name, found without importing it). Read once per process: scanning the installed distributions'
+    metadata takes milliseconds, and the config lookups ask for it a thousand times in one ``make tables``."""
+    return list(_installed_conf_dirs())
+
+
+@functools.cache
+def _installed_conf_dirs() -> tuple[Path, ...]:
     import importlib.util
     from importlib.metadata import entry_points
 
@@ -62,7 +69,7 @@ def installed_conf_dirs() -> list[Path]:
         d = Path(next(iter(spec.submodule_search_locations))) / "conf"
         if d.is_dir() and d not in out:
             out.append(d)
-    return out
+    return tuple(out)
 
 
 def conf_dirs() -> list[Path]:

@@ -122,7 +122,6 @@ INTEGRATION = (
     "test_sweeps.py::test_plain_sbatch_template",
     "test_sweeps.py::test_requeued_job_keeps_its_row",
     "test_sweeps.py::test_slurm_submission_of_paper_llama2",
-    "test_sweeps.py::test_tiny_study_two_methods_with_joblib",
     "test_tables.py::test_make_tables_script",
     "test_train.py::test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact",
     "test_train.py::test_sigkill_mid_run_resumes_to_identical_weights",

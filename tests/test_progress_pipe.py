@@ -73,7 +73,7 @@ def _check(tmp_path, fresh_cache: bool) -> None:
     assert not re.search(r"prompts[^\n]*, 0 s\b", text)
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # ~25 s idle: every stage of a fine-tuned run's output, read as it comes
 def test_every_stage_says_it_started_and_shows_its_first_progress_within_seconds(tmp_path):
     """The checkout's data cache (built once): loading, the gates, fine-tuning and every evaluator."""
     _check(tmp_path, fresh_cache=False)

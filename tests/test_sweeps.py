@@ -119,6 +119,7 @@ def test_tiny_study_covers_every_method_and_entropy_abf_steps():
     assert len(steps) == 20
 
 
+@pytest.mark.slow  # ~28 s idle; the default tier runs the study's points through scripts/study.py (tests/test_study.py)
 def test_tiny_study_two_methods_with_joblib(tmp_path):
     env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"),

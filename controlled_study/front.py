@@ -6,11 +6,13 @@
   (``tables/summary_passkey_<model>.md``, its sample-size footnote kept), and the verdict counts of ``findings.md``
   (raw and after Holm's correction). A file that does not exist yet is named as missing, not guessed.
 - ``results/README.md`` (``write_index``): the index of the studies, each with its row counts and verdict sentence
-  copied from its own page, and where the rows of no study go. Rows of no study (``make run``, a plain ``run.py``)
+  copied from its own page, each finding's verdict in every study side by side (each study's ``findings.json``),
+  and where the rows of no study go. Rows of no study (``make run``, a plain ``run.py``)
   never change it: it reads only the studies' folders.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -105,6 +107,40 @@ def write_front(results_dir: str | Path, tables_dir: str | Path | None = None,
     return path
 
 
+def _across(results_dir: Path, names: list[str]) -> list[str]:
+    """Each finding's verdict in every study side by side (the miniature's beside the real model's), from each study's
+    ``findings.json`` (written with its ``findings.md`` by ``make findings``): the verdict, after Holm's correction
+    where that differs, and how many of the finding's parts had an interval on that study's rows."""
+    found = {}
+    for name in names:
+        f = results_dir / name / "findings.json"
+        if f.is_file():
+            found[name] = json.loads(f.read_text())
+    if not found:
+        return []
+    claims: dict = {}
+    for d in found.values():
+        for x in d["findings"]:
+            claims.setdefault(x["key"], x["claim"])
+    out = ["## The findings across studies", "",
+           "Each study's verdict on its own rows (the same rule; Holm's correction is over each study's own parts), "
+           "with the share of the finding's parts that had an interval there (0 of n: no rows measure it); the "
+           "intervals and evidence: each study's findings.md.", "",
+           "| finding | " + " | ".join(f"[{n}]({n}/findings.md) ({d['model']})" for n, d in found.items()) + " |",
+           "|:--|" + ":--|" * len(found)]
+    for key in sorted(claims):
+        cells = []
+        for d in found.values():
+            x = next((y for y in d["findings"] if y["key"] == key), None)
+            if x is None:
+                cells.append("\u2014")
+                continue
+            holm = f", Holm: {x['holm']}" if x["holm"] and x["holm"] != x["result"] else ""
+            cells.append(f"{x['result']}{holm} ({x['tested']} of {x['parts']} parts)")
+        out.append(f"| ({key}) {claims[key]} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def write_index(results_dir: str | Path) -> Path:
     """``results/README.md``: one section per study (its row counts and verdict sentence, from its own page), then
     where the rows of no study go. Built from the studies' folders only."""
@@ -130,6 +166,7 @@ def write_index(results_dir: str | Path) -> Path:
             out += [f"({name}/README.md missing: run `make tables`.)", ""]
     if not names:
         out += ["No study yet.", ""]
+    out += _across(results_dir, names)
     out += ["## Everything else", "",
             "- every row as one flat table: `make export` -> `export/results.csv`, `export/results.parquet` "
             "(columns: [docs/export.md](../docs/export.md))",

@@ -154,3 +154,37 @@ def test_findings_compare_on_the_study_suite_only():
     ev = fd.Evidence(RowSet(rows + [quick], load_spec()), "tiny_llama")
     assert ev.suite == "tiny" and ev.other_suites == ["quick"]
     assert [r["run_id"] for r in ev.entry("pi").rows] == ["r1-pi"]
+
+
+def test_the_index_shows_each_findings_verdict_in_every_study_as_its_own_report_states_it(tmp_path):
+    """Issue 48: the real model's findings beside the miniature's. The index's table across studies copies each
+    study's verdict, raw and after Holm, from the report that study's rows produced, and counts the parts with an
+    interval (a study without the rows a finding reads shows 0 of n)."""
+    from controlled_study.findings.report import write as write_findings
+
+    res = tmp_path / "results"
+    _put(res, "study_a", [make_row(tmp_path, "a-base", "base", train="none"),
+                          make_row(tmp_path, "a-ntkf", "ntk_frozen", train="none"),
+                          make_row(tmp_path, "a-se", "self_extend", train="none")])
+    _put(res, "study_b", [make_row(tmp_path, "b-pi", "pi", ppl_base=17.0)])
+    build_studies(res, figures=False)
+    for s in ("study_a", "study_b"):
+        write_findings(res, study=s)
+    top = (res / "README.md").read_text()
+    assert "## The findings across studies" in top
+    table = [ln for ln in top.split("## The findings across studies", 1)[1].splitlines() if ln.startswith("| (")]
+    assert len(table) == 13
+    for col, s in enumerate(("study_a", "study_b"), start=1):
+        md = (res / s / "findings.md").read_text()
+        for line in table:
+            key = line.split(")", 1)[0] + ")"
+            mine = next(ln for ln in md.splitlines() if ln.startswith(key + " "))
+            result = re.match(r"\s*\*\*(\w+)\*\*", mine.split("|")[-2]).group(1)
+            holm = re.search(r"<br>Holm: (\w+)", mine.split("|")[-2]).group(1)
+            cell = line.split("|")[1 + col].strip()
+            assert cell.startswith(result) and (holm == result or f"Holm: {holm}" in cell), (s, key, cell, mine)
+            n = re.search(r"\((\d+) of (\d+) parts\)$", cell)
+            assert n and int(n.group(1)) <= int(n.group(2))
+    e = next(ln for ln in table if ln.startswith("| (e) ")).split("|")
+    assert re.search(r"\((?!0 of)\d+ of \d+ parts\)$", e[2].strip())   # study_a: Self-Extend beside NTK-F and the base
+    assert re.search(r"\(0 of \d+ parts\)$", e[3].strip())         # study_b: no frozen method, nothing measured

@@ -2,6 +2,7 @@
 sensitivity, the report and its files."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -263,6 +264,19 @@ def count_line(fs: list[Finding], attr: str = "result") -> str:
 
 def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, source: str = "results/runs/") -> str:
     """The findings report of ``model`` (default: the study's) on the rows of ``rs``, as markdown."""
+    return _report(rs, model, paper, source)[0]
+
+
+def summary(fs: list[Finding], model: str) -> dict:
+    """What the results' index shows of a study's findings (``findings.json`` beside ``findings.md``, written from the
+    same verdicts): per finding its claim, verdict raw and after Holm, and how many of its parts have an interval."""
+    return {"model": model, "findings": [
+        {"key": f.key, "claim": f.claim, "result": f.result, "holm": f.holm,
+         "parts": len(f.parts), "tested": sum(1 for p in f.parts if p.ci is not None and not p.why)} for f in fs]}
+
+
+def _report(rs: RowSet, model: str | None, paper: Paper | None, source: str) -> tuple[str, dict]:
+    """The report's markdown and its ``summary``."""
     model = model or study_model(rs) or DEFAULT_MODEL   # no rows: every finding "inconclusive (no rows: ...)"
     fs, ev, per_seed = seeded(rs, model, paper)
     gate_off = sensitivity(rs, model, paper)
@@ -285,7 +299,7 @@ def report(rs: RowSet, model: str | None = None, paper: Paper | None = None, sou
     notes = rs.footnotes(model)
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", summary(fs, model)
 
 
 def _header(fs: list[Finding], ev: Evidence, model: str, source: str, n_parts: int, n_gated: int, c) -> list[str]:
@@ -449,14 +463,16 @@ def _not_testable(rs: RowSet, model: str, ev: Evidence, fs: list[Finding]) -> li
 def write(results_dir: str | Path, out: str | Path | None = None, model: str | None = None,
           runs_dir: str | Path | None = None, study: str | None = None) -> Path:
     """``results/<study>/findings.md`` from the study's own rows (``study`` None: the rows of no study,
-    ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead."""
+    ``results/runs/`` -> ``results/findings.md``); ``runs_dir``: the rows of an archived study instead. Beside it,
+    ``findings.json`` (``summary``): the verdicts the results' index shows across studies."""
 
     rs = RowSet(read_rows(results_dir, study) if runs_dir is None else read_rows_in(runs_dir), load_spec())
     here = study_dir(results_dir, study)
     path = Path(out or here / "findings.md")
-    text = report(rs, model, source=str(runs_dir) if runs_dir is not None else rows_source(study))
+    text, brief = _report(rs, model, None, str(runs_dir) if runs_dir is not None else rows_source(study))
     with signals_held():  # findings.md, the front page's and the index's verdict counts change together
         atomic_write_text(path, text)
+        atomic_write_text(path.with_suffix(".json"), json.dumps(brief, indent=1) + "\n")
         if runs_dir is None and out is None:  # the study's front page and the index carry the verdict counts
 
             write_front(here, findings_path=path, study=study)

@@ -357,6 +357,13 @@ def test_ntk_frozen_is_compared_length_by_length_and_the_collapse_is_located():
     assert far.parts[1].verdict() == fd.INCONCLUSIVE and far.result == fd.INCONCLUSIVE
     assert any(n.startswith("passkey: its largest drop: 4C \u2192 8C") for n in far.notes), far.notes
     assert any("beyond C up to 4C" in n for n in far.notes), far.notes
+    # an NTK-F that never drops (SmolLM2's CPU track stops at 2C, where it still holds): no step is called a drop
+    flat = [r for r in world("paper") if r["run_id"] != "ntk_frozen-f"]
+    flat.append(row("ntk_frozen", [1, 1, 1, 1, 1], [4.0, 4.1, 4.6, 4.8, 5.0], frozen=True, nllpos=(3.9, 4.6)))
+    notes = verdicts(flat)["g"].notes
+    assert not any("largest drop" in n for n in notes), notes
+    assert any(n.startswith("passkey: no drop from one length to the next up to ") and "; its smallest change: " in n
+               for n in notes), notes
 
 
 def test_duplicate_configurations_are_recognised_by_their_outcomes_and_counted_once():

@@ -70,7 +70,9 @@ def _reach(ev: Evidence, e: Entry, base: Entry, src: str, fs: list[float], get) 
                    "excludes 0 at each)")
     if steps:
         a, b, d = min(steps, key=lambda t: t[2][0])
-        out.append(f"{src}: its largest drop: {a:g}C \u2192 {b:g}C, {xs[a].value:.2f} \u2192 {xs[b].value:.2f} "
+        what = "its largest drop" if d[0] < 0 else f"no drop from one length to the next up to {steps[-1][1]:g}C; " \
+            "its smallest change"
+        out.append(f"{src}: {what}: {a:g}C \u2192 {b:g}C, {xs[a].value:.2f} \u2192 {xs[b].value:.2f} "
                    f"({d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}])")
     return out
 

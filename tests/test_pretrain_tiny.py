@@ -16,6 +16,7 @@ SCRIPT = [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py")]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 
 
+@pytest.mark.slow  # ~20 s idle: a fresh pretraining stage of the shipped tiny model (an asset's build)
 def test_fresh_stage_takes_its_sizes_and_records_its_device(tmp_path):
     out = tmp_path / "m"
     r = subprocess.run(SCRIPT + ["--out", str(out), "--steps", "2", "--batch", "1", "--seq-len", "64", "--layers", "2",

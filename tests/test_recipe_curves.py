@@ -111,6 +111,7 @@ def test_a_curve_sweep_is_checked_job_by_job_before_any_job_runs(tmp_path):
     assert not (tmp_path / "res" / "curves").exists()
 
 
+@pytest.mark.slow  # ~20 s idle: the recipe-curve tool's sweep past a failed curve (a study tool, not a run's path)
 def test_a_curve_sweep_goes_on_past_a_failed_curve(tmp_path):
     """A curve that fails while running (its PPL data missing) is one line and a failed row; the sweep's next curve
     still runs to an ``ok`` row and its curve file, and the sweep exits non-zero."""

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, random_llama
 
 DATA_CHILD = textwrap.dedent("""
@@ -76,6 +77,8 @@ TRAIN_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~33 s idle: two fresh fine-tunes; the default tier keeps the data's identity across hash seeds and
+# cache paths (below) and the exact resume of a killed fine-tune (tests/test_train.py, test_train_gpu_path.py)
 def test_two_cold_cache_finetunes_give_identical_weights(tmp_path):
     """One config fine-tuned twice, each time with an empty data cache elsewhere, another hash seed and no
     checkpoint to resume: the same losses and bit-identical weights."""

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 # one cheap point of tiny_study: the frozen base on the quick suite at 2 short lengths
@@ -40,6 +41,7 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
     assert dry.returncode == 0 and "0 already done" in dry.stdout and "1 to run" in dry.stdout
 
 
+@pytest.mark.slow  # ~14 s idle: the study tool's points in parallel; the default tier runs its points in turn (above)
 def test_study_jobs_run_points_at_once(tmp_path):
     """``--jobs 2``: two points run at the same time (each started before the other ended), one thread each."""
     env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),

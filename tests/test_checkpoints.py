@@ -185,6 +185,7 @@ CONCURRENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~19 s idle: two concurrent runs of one config; the default tier keeps the damaged-checkpoint checks
 def test_concurrent_runs_of_one_config_do_not_corrupt_each_other(tmp_path):
     """Three processes fine-tune the same config into the same checkpoint directory at once (a checkpoint every
     step): all three finish with the weights of a run alone."""

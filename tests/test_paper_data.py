@@ -230,7 +230,7 @@ RUN = ["model=tiny_llama", "method=pi", "method.scale=2.0", "train=tiny", "train
        "data.synthetic_docs=30", "eval=quick"]
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # ~14 s idle: the offline data-build script end to end; its steps are tested above
 def test_build_data_script_builds_the_cache_the_run_then_loads(tmp_path, monkeypatch):
     """``scripts/build_data.py <overrides>`` builds the data on a CPU node; the run with the same overrides then
     finds the same cache file in ``pipeline.finetune``'s ``build_data`` call and builds nothing."""

@@ -403,7 +403,7 @@ def _snapshot(d: Path) -> dict:
     return {p.name: b"" if p.suffix == ".pdf" else p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else {}
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # ~14 s idle: a tool's atomic writes under SIGTERM (make tables), not a run's path
 def test_sigterm_during_make_tables_leaves_the_old_files_or_the_new_ones(tmp_path):
     """SIGTERM during make tables left hidden .tmp files and a tables folder mixing old and new files."""
     import signal

@@ -97,7 +97,7 @@ def write_front(results_dir: str | Path, tables_dir: str | Path | None = None,
             f"- every table beside the paper's numbers, and the figures: [{rel(tables_dir / 'index.md')}]"
             f"({rel(tables_dir / 'index.md')})",
             "- every row as one flat table: `make export` -> `export/results.csv`, `export/results.parquet`",
-            "- the rows themselves: `runs/<run_id>.json` (schema: `harness/results.py`); unfinished / failed: "
+            "- the rows themselves: `runs/<run_id>.json` (schema: `harness/results/schema.py`); unfinished / failed: "
             "`make status`",
             f"- speed and memory: `{up}bench.json` (`make bench`); on a GPU: `{up}gpu_check.json`, "
             f"`{up}bench_gpu.json` (written only by a run on a GPU)",

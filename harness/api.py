@@ -264,24 +264,28 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     return r.row
 
 
-def run(cfg, r, *, handle=None, on_result=None, train_progress=None, eval_progress=None) -> None:
-    """The stages of one run, recorded into ``r`` (a ``harness.lifecycle.Run``): ``run.py``'s and
-    :func:`evaluate`'s. ``handle``: a model already loaded (a ``ModelHandle``; its method applied or not), else the
-    config's model is loaded."""
+def run(cfg, r, *, handle=None, names=None, suite=None, on_result=None, train_progress=None,
+        eval_progress=None) -> None:
+    """The stages of one run, recorded into ``r`` (a ``harness.lifecycle.Run``, or a sharded job's recorder):
+    ``run.py``'s, :func:`evaluate`'s and every sharded job's (``harness.shards``: a run restricted to the units
+    ``names`` of the evaluation plan, ``harness.evals.suite.plan``; ``()``: none, the fine-tune alone). ``handle``:
+    a model already loaded (a ``ModelHandle``; its method applied or not), else the config's model is loaded.
+    ``suite``: the config's ``eval.suite`` when the caller already built it (a sharded job: once for all its
+    shards)."""
 
-    s = pipeline.setup(cfg)                                                       # 0. every group, fail fast
+    s = pipeline.setup(cfg, suite=suite)                                          # 0. every group, fail fast
     method = getattr(handle.model, "harness_method", None) if handle is not None else None
-    plan.check_cost(cfg, s.suite, method or s.method,                             #    its cost, before loading
+    plan.check_cost(cfg, pipeline.selected(s.suite, names), method or s.method,  #    its cost, before loading
                     config=handle.model.config.to_dict() if handle is not None else None)
-    if handle is None:
-        handle = pipeline.load_and_extend(cfg, s.method, s.train, suite=s.suite)  # 1. model + method
+    if handle is None:                                                            # 1. model + method
+        handle = pipeline.load_and_extend(cfg, s.method, s.train, suite=s.suite, names=names)
     else:
         handle = pipeline.prepare(cfg, handle, method or s.method, s.train, suite=s.suite,
-                                  applied=method is not None)
+                                  applied=method is not None, names=names)
     method = method or s.method
     r.record(model_info=handle.facts())                                           #    (what ran, where)
     info = pipeline.finetune(cfg, handle, method, s.train, r.row["run_dir"],      # 2. fine-tune (or frozen)
                              progress=train_progress)
     r.record(train_info=info, method_params=method.params())                     #    (the method as tuned)
     pipeline.evaluate(cfg, handle, method, r, s.suite,                            # 3. every evaluator
-                      on_result=on_result, progress=eval_progress)
+                      on_result=on_result, progress=eval_progress, names=names)

@@ -53,7 +53,7 @@ def data_code_version() -> dict:
 # (harness/tools), the statistics, and what runs only after the weights are final (the evaluators, the factor search:
 # LongRoPE's recovery search runs after fine-tuning and writes factors, not weights). ``NUMERICAL`` names the
 # exceptions: the convergence gate measures the base model before fine-tuning starts, in the same process.
-NOT_NUMERICAL = {"report.py", "tracking.py", "progress.py", "results.py", "lifecycle.py", "status.py",
+NOT_NUMERICAL = {"report.py", "tracking.py", "progress.py", "results", "lifecycle.py", "status.py", "app.py",
                  "shards.py", "sweeps.py", "evals", "search", "eval_distributed.py", "precheck.py", "plan.py", "cli.py",
                  "submit.py", "stats.py", "codeversion.py", "tools"}
 NUMERICAL = {"evals/convergence.py"}

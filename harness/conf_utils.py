@@ -25,6 +25,7 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PLUGINS_ENV = "HARNESS_PLUGINS"
 CONF_GROUP = "harness.conf"  # the entry-point group through which an installed package adds its conf/ folder
 TOOLS_GROUP = "harness.tools"  # ... and its tools: `harness <tool>` (harness/cli.py), the run app (harness/submit.py)
+TABLE_LINES_GROUP = "harness.table_lines"  # ... and the lines of a run's evaluation table (wandb; harness/app.py)
 
 
 def plugin_modules() -> list[str]:
@@ -70,6 +71,20 @@ def _installed_conf_dirs() -> tuple[Path, ...]:
         if d.is_dir() and d not in out:
             out.append(d)
     return tuple(out)
+
+
+def installed_table_lines():
+    """``lines(row) -> [dict]``, the lines of a run's evaluation table, from the one installed package registered
+    under ``TABLE_LINES_GROUP`` (the controlled study's export), else None (no table). More than one: the first by
+    name, said in one line."""
+    import sys
+    from importlib.metadata import entry_points
+
+    eps = sorted(entry_points(group=TABLE_LINES_GROUP), key=lambda e: e.name)
+    if len(eps) > 1:
+        print(f"warning: {len(eps)} packages give {TABLE_LINES_GROUP} ({', '.join(e.name for e in eps)}); using "
+              f"{eps[0].name}", file=sys.stderr)
+    return eps[0].load() if eps else None
 
 
 def conf_dirs() -> list[Path]:

@@ -4,15 +4,18 @@
 integer N >= 1. With 1 the evaluation stage is one process (``pipeline.evaluations``'s plain loop, unchanged). With
 N > 1:
 
-- Parent (``evaluate_parallel``, in the ``run.py`` / shard process). Writes ``<run_dir>/eval_job/spec.json``: the
-  resolved config, with ``model.path`` set to the weights to load (the fine-tuned ``<run_dir>/checkpoint`` that
-  ``pipeline.finetune`` saved, else what the parent loaded: the base, or a shard's checkpoint), the suite and the
-  run directory. Moves its own model copy off the GPU, starts N ranks of ``scripts/eval_distributed.py`` with torchrun
-  (``harness.train.deepspeed_engine.run_torchrun``: the ranks die with the parent, and watch it), and reads back
-  rank 0's output of every suite entry as soon as it is written (``eval_job/out/<i>.json``), yielding ``(key,
-  output, seconds)`` in suite order, so the row is built by the same code and partial progress still reaches it.
+- Parent (``evaluate_parallel``, called by ``pipeline.evaluate_units`` for consecutive units of the evaluation plan
+  on one placement). Writes ``<run_dir>/eval_job/spec.json``: the resolved config, with ``model.path`` set to the
+  weights to load (the fine-tuned ``<run_dir>/checkpoint`` that ``pipeline.finetune`` saved, else what the parent
+  loaded: the base, or a shard's checkpoint), the units (each its entry, the node its evaluator is built from, and
+  where its per-sample records go) and the run directory. Moves its own model copy off the GPU, starts N ranks of
+  ``scripts/eval_distributed.py`` with torchrun (``harness.train.deepspeed_engine.run_torchrun``: the ranks die with
+  the parent, and watch it), and reads back rank 0's output of every unit as soon as it is written
+  (``eval_job/out/<i>.json``), yielding ``(output, seconds)`` in order, so the row is built by the same code and
+  partial progress still reaches it. The ranks never cut a suite: they run the units ``harness.evals.suite.plan``
+  made.
 - Rank (``eval_rank``). Device ``cuda:LOCAL_RANK`` with NCCL, or the CPU with gloo. Builds the model and the method
-  from the same config (deterministic: the same weights as the parent's), and runs the suite's evaluators with an
+  from the same config (deterministic: the same weights as the parent's), and runs each unit's evaluator with an
   ``EvalContext`` of its rank: ``ctx.map`` splits each evaluator's prompts into contiguous blocks by rank and
   all-gathers the per-prompt results, so every rank computes the same metrics; only rank 0 writes samples JSONL and
   outputs (``harness.evals.set_writer``). Evaluators with ``data_parallel = True`` split their work; the others run
@@ -83,7 +86,11 @@ def model_path(cfg, handle, run_dir: Path) -> str:
     return str((cfg.get("model") or {}).get("path") or "")
 
 
-def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path, gpus: int | None = None) -> Path:
+def write_spec(cfg, handle, method, run_dir: Path, units: list, job: Path, gpus: int | None = None,
+               samples_dir=None) -> Path:
+    """``<job>/spec.json``: the resolved config (``model.path``: the weights to load), the units to evaluate (each
+    its entry, the node its evaluator is built from and where its per-sample records go: ``samples_dir(unit)``,
+    default ``run_dir``), the GPUs per replica and where rank 0 writes its outputs."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -93,8 +100,9 @@ def write_spec(cfg, handle, method, run_dir: Path, suite: dict, job: Path, gpus:
     factors = (getattr(method, "resolved", None) or {}).get("factors_file")
     if getattr(method.args, "recovery", "") and factors:  # LongRoPE after recovery: the recovered factors
         plain["method"]["factors"] = str(factors)
-
-    spec = {"config": plain, "suite": suite, "run_dir": str(Path(run_dir).resolve()),
+    where = samples_dir or (lambda unit: Path(run_dir))
+    spec = {"config": plain, "units": [{"key": u.entry, "node": u.node, "run_dir": str(Path(where(u)).resolve())}
+                                       for u in units],
             "gpus_per_replica": gpus_of(handle) if gpus is None else int(gpus),
             "out_dir": str((job / "out").resolve()), "job_dir": str(job.resolve())}
     p = job / "spec.json"
@@ -125,18 +133,20 @@ def _failure(job: Path, rc) -> Exception:
     return RuntimeError(f"data-parallel evaluation failed (torchrun exit code {rc}); job spec {job / 'spec.json'}")
 
 
-def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, poll_s: float = 0.2,
+def evaluate_parallel(cfg, handle, method, units: list, world: int, samples_dir, poll_s: float = 0.2,
                       gpus: int | None = None):
-    """Evaluate ``suite`` in ``world`` ranks; yields ``(key, output, seconds)`` per entry, in suite order, as rank 0
-    finishes each (see the module docstring)."""
+    """Evaluate ``units`` (``harness.evals.suite.plan``'s) in ``world`` ranks; yields ``(output, seconds)`` per unit,
+    in order, as rank 0 finishes each (see the module docstring). The job's folder is ``samples_dir(units[0]) /
+    eval_job``."""
 
-    job = Path(run_dir) / "eval_job"
+    run_dir = Path(samples_dir(units[0]))
+    job = run_dir / "eval_job"
     out = job / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for f in [*job.glob("error_rank*.txt"), *job.glob("rank*.json")]:  # a previous attempt's
         f.unlink()
-    spec = write_spec(cfg, handle, method, Path(run_dir), suite, job, gpus)
+    spec = write_spec(cfg, handle, method, run_dir, units, job, gpus, samples_dir)
     release_gpu(handle)
     box: dict = {}
 
@@ -148,7 +158,7 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
 
     th = threading.Thread(target=launch, name="eval-torchrun", daemon=True)
     th.start()
-    for i, key in enumerate(suite):
+    for i in range(len(units)):
         f = out / f"{i}.json"
         while not f.exists():
             if not th.is_alive():
@@ -159,7 +169,7 @@ def evaluate_parallel(cfg, handle, method, run_dir, suite: dict, world: int, pol
                 raise _failure(job, box.get("rc"))
             th.join(poll_s)
         rec = json.loads(f.read_text())
-        yield key, rec["output"], rec["seconds"]
+        yield rec["output"], rec["seconds"]
     th.join()
     if "error" in box:
         raise box["error"]
@@ -220,16 +230,16 @@ def eval_rank(spec_path: str | Path) -> None:
         handle = _build_model(cfg.model, device, gpus if on_gpu else 1)
         set_backend(handle.model, to_args(AttentionArgs, cfg.get("attention"), "attention").backend)
         method.apply(handle)
-        ctx = EvalContext(run_dir=Path(spec["run_dir"]), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+        ctx = EvalContext(run_dir=Path("."), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                           batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), rank=rank, world_size=world,
                           progress=_rank_progress(rank, world))
-        suite = spec["suite"]
         seen: dict = {}  # the decoder's latest input length: an out-of-memory line names it
         watch_lengths(handle, seen)
         if ctx.progress is not None:
             ctx.progress.tokens = seen
-        for i, (key, ev) in enumerate(zip(suite, build_evaluators(suite))):
-            ctx.entry = key
+        for i, u in enumerate(spec["units"]):  # each unit's evaluator built from its node, as the parent's view
+            key, (ev,) = u["key"], build_evaluators({u["key"]: u["node"]})
+            ctx.entry, ctx.run_dir = key, Path(u["run_dir"])
             t0 = time.time()
             try:
                 output = ev.run(handle, method, ctx)

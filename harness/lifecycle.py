@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from harness import results
 from harness.conf_utils import compose
 from harness.config import ConfigError
+from harness.evals.suite import merge_outputs
 from harness.safe import env_setting, is_safe_name
 from harness.train import Terminated
 
@@ -68,6 +69,25 @@ class Run:
         self.row.setdefault("eval_versions", {})[key] = version
         self.row["timings"][f"eval.{key}"] = seconds
         self.write()
+
+    def record_unit(self, unit, output: dict, seconds: float, version: int) -> None:
+        """One unit of the evaluation plan (``harness.evals.suite.Unit``): its entry's result, merged with the
+        entry's units already recorded (an entry cut by a multi-GPU placement; ``merge_outputs``), their seconds
+        summed."""
+        key = unit.entry
+        prev = self.row["metrics"].get(key) if unit.lengths is not None else None
+        if prev is not None:
+            output = merge_outputs(prev, output)
+            seconds = round(self.row["timings"].get(f"eval.{key}", 0) + seconds, 2)
+        self.record_eval(key, output, seconds, version)
+
+    def unit_failed(self, unit, error: BaseException) -> bool:
+        """A unit failed: the run stops there (``finish`` records why). A sharded job's recorder keeps going."""
+        return False
+
+    def samples_dir(self, unit) -> Path:
+        """Where a unit's per-sample records go: the run directory (``samples/<entry>.jsonl``)."""
+        return Path(self.row["run_dir"])
 
     @contextmanager
     def stage(self, name: str):

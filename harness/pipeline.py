@@ -1,11 +1,9 @@
 """The stages ``run.py`` calls, each a plain function: validate every group (``setup``), load + extend the model,
 fine-tune, evaluate. Config objects stop here: every stage converts its group to typed arguments once, and the
 evaluation suite is built once per run (``Suite``) and passed from stage to stage. The row the stages record into is
-``harness.lifecycle``'s."""
+``harness.lifecycle``'s; the pieces the suite is evaluated in are ``harness.evals.suite.plan``'s (its units)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -20,7 +18,6 @@ from harness.data import build_data, check_budget
 from harness.eval_distributed import evaluate_parallel, resolve_world_size
 from harness.evals import (
     EvalContext,
-    build_evaluators,
     check_lengths,
     check_suite,
     convergence,
@@ -29,6 +26,8 @@ from harness.evals import (
 )
 from harness.evals import max_length as eval_max_length
 from harness.evals.eval_progress import EvalProgress
+from harness.evals.suite import Suite, Unit, merge_outputs
+from harness.evals.suite import plan as plan_units
 from harness.evals.watch import EvalOutOfMemory, oom_line, watch_lengths
 from harness.methods import Method, StageContext, build_method, check_checkpoint_method, save_method
 from harness.methods.flex import AttentionArgs, set_backend
@@ -58,36 +57,6 @@ def native_ctx(cfg) -> int:
         raise ConfigError(f"model={cfg.model.get('name')}: native_ctx must be a positive integer (the pretrained "
                           f"window C in tokens), got {c!r}")
     return c
-
-
-@dataclass(frozen=True)
-class Suite:
-    """An evaluation suite built once: its entries (``{key: resolved node}``, in order) and their evaluators. The
-    stages share it: ``setup`` checks it, ``load_and_extend`` sizes the model's placement by it, ``evaluate`` runs it
-    (a shard runs a one-entry view of it, ``only``)."""
-
-    nodes: dict
-    evaluators: list
-
-    @classmethod
-    def build(cls, nodes: dict | None) -> Suite:
-        nodes = dict(nodes or {})
-        return cls(nodes, build_evaluators(nodes))
-
-    @classmethod
-    def of(cls, cfg) -> Suite:
-        """The config's ``eval.suite``."""
-        return cls.build(OmegaConf.to_container(cfg.eval.suite, resolve=True))
-
-    def only(self, entry: str, **changes) -> Suite:
-        """A one-entry view of this suite: ``entry``'s node and evaluator with the settings ``changes`` (e.g.
-        ``lengths=[L]``), without building again. An evaluator keeps its settings in ``args`` (the registry builds
-        ``cls(args)``), so the view's evaluator is a shallow copy of the built one with ``args`` replaced; the
-        suite's own evaluator is left as it was."""
-        i = list(self.nodes).index(entry)
-        ev = copy.copy(self.evaluators[i])
-        ev.args = dataclasses.replace(ev.args, **changes)
-        return Suite({entry: {**self.nodes[entry], **changes}}, [ev])
 
 
 @dataclass(frozen=True)
@@ -192,44 +161,44 @@ def check_autocast(value, key: str) -> None:
         raise ConfigError(f"{key}: unknown compute dtype {value!r} (valid: {', '.join(AUTOCAST)})")
 
 
-def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None):
-    """Model + method: load the base (or a fine-tuned checkpoint) placed for the suite's first evaluator (``placement``:
-    per evaluator and length, the rule ``make plan`` uses; ``evaluations`` re-places per group), then
-    :func:`prepare` it (memory check, checkpoint check, convergence baseline, the method applied)."""
+def load_and_extend(cfg, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None,
+                    names=None):
+    """Model + method: load the base (or a fine-tuned checkpoint) placed for the first unit of the suite's evaluation
+    plan (:func:`eval_units`: per evaluator and length, the rule ``make plan`` uses; ``evaluate`` re-places per unit;
+    ``names``: the units a sharded job runs), then :func:`prepare` it (memory check, checkpoint check, convergence
+    baseline, the method applied)."""
     t0 = plog.stage("load", f"model={cfg.model.get('name')} method={cfg.method.get('name')}")
     device = check_device(cfg.get("device", "auto"))
     if suite is None:
         suite = Suite.of(cfg)
-    groups = eval_groups(suite, placement(cfg, suite, method, device))
-    first = groups[0].gpus if groups else 1  # placed for the first evaluator; evaluations re-places per group
+    units = eval_units(cfg, suite, method, device, names)
+    first = units[0].devices if units else 1  # placed for the first unit; evaluate re-places per unit
     handle = build_model(cfg.model, device=device, device_map=first if first > 1 else None)
-    handle.info["eval_groups"] = groups
-    handle.info["eval_suite"] = id(suite)  # the suite they are for (a shard evaluates a view of it)
-    handle = prepare(cfg, handle, method, train, before_extend, suite)
+    handle.info["eval_units"] = (id(suite), _names_key(names), units)  # the plan they are for
+    handle = prepare(cfg, handle, method, train, before_extend, suite, names=names)
     plog.done("load", t0, f"{handle.info.get('name') or cfg.model.get('name')} on {device}")
     return handle
 
 
 def prepare(cfg, handle, method, train: TrainArgs | None = None, before_extend=None, suite: Suite | None = None,
-            applied: bool = False):
+            applied: bool = False, names=None):
     """A loaded model (``load_and_extend``'s, or one a caller of ``harness.api`` passes in) made ready: check that
-    the longest evaluation input fits in memory (on the placement each evaluator will run on, when
-    ``load_and_extend`` placed it), that a checkpoint folder was saved under this method, measure the
+    the longest evaluation input fits in memory (on the placement each unit will run on, when ``load_and_extend``
+    placed it), that a checkpoint folder was saved under this method, measure the
     base inside its window before a fine-tuning run (``harness.evals.convergence``), so that the fine-tuned row can
     be compared with it on the same documents and prompts, and :func:`extend` it with the method (``applied``: the
     caller already did). ``before_extend(handle)`` lets a caller measure the base model too (learning curves)."""
     if suite is None:
         suite = Suite.of(cfg)
-    groups = handle.info.get("eval_groups")
-    if groups is not None and handle.info.get("eval_suite") == id(suite):
-        first = groups[0].gpus if groups else 1
-        for grp in groups:  # the groups on the first placement now; evaluations checks the others when it re-places
-            if grp.gpus == first:
-                check_group(handle, suite, grp)
+    units = placed_units(handle, suite, names)
+    if units is not None:
+        first = units[0].devices if units else 1
+        for unit in units:  # the units on the first placement now; evaluate checks the others when it re-places
+            if unit.devices == first:
+                check_unit(handle, unit)
     else:
-        for key, ev in zip(suite.nodes, suite.evaluators):
-            check_fits(handle, eval_max_length(ev), generates=ev.spec.generates,
-                       key=f"eval.suite.{key}")
+        for unit in selected(suite, names):
+            check_unit(handle, unit)
     path = handle.info.get("path", "")
     if os.path.isdir(path):
         check_checkpoint_method(path, method)
@@ -267,16 +236,6 @@ def dropped_settings(method) -> list[str]:
             for key, value in rec.items() if key != "action" and rec.get("action") == "dropped"]
 
 
-@dataclass(frozen=True)
-class EvalGroup:
-    """Part of the suite run on one placement: entry ``key`` at ``lengths`` (None: all of its lengths) with the model
-    spread over ``gpus`` GPUs per replica."""
-
-    key: str
-    lengths: tuple | None
-    gpus: int
-
-
 def placement(cfg, suite: Suite, method, device) -> dict:
     """``{entry: {L: GPUs one replica spans}}`` for every evaluator and length of ``suite``: the rule of
     ``harness.evals.replica_gpus`` -- the one ``make plan`` uses -- with the checkpoint's shape and ``device``'s free
@@ -296,39 +255,33 @@ def placement(cfg, suite: Suite, method, device) -> dict:
     return out
 
 
-def eval_groups(suite: Suite, place: dict) -> list[EvalGroup]:
-    """The suite in order as :class:`EvalGroup` s: an evaluator whose lengths are independent (``by_length``) is split
-    where its lengths need different placements; any other runs whole on the placement of its longest input."""
-    out = []
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        at = place.get(key) or {}
-        if ev.spec.splits(ev.args) and len(set(at.values())) > 1:
-            for g in sorted(set(at.values())):
-                out.append(EvalGroup(key, tuple(L for L in at if at[L] == g), g))
-        else:
-            out.append(EvalGroup(key, None, max(at.values(), default=1)))
-    return out
+def selected(suite: Suite, names=None, place: dict | None = None) -> list[Unit]:
+    """The units of ``suite`` a run evaluates (``harness.evals.suite.plan`` on the placement ``place``): all of them
+    (``names`` None), or a sharded job's, one unit per length, those named in ``names`` (``harness.shards``)."""
+    units = plan_units(suite, place, by_length=names is not None)
+    return units if names is None else [u for u in units if u.name in set(names)]
 
 
-def group_suite(suite: Suite, grp: EvalGroup) -> Suite:
-    """The one-entry view of ``suite`` that ``grp`` runs."""
-    return suite.only(grp.key, lengths=list(grp.lengths)) if grp.lengths is not None else suite.only(grp.key)
+def eval_units(cfg, suite: Suite, method, device, names=None) -> list[Unit]:
+    """:func:`selected` on this node's :func:`placement` (GPUs per replica at every length)."""
+    return selected(suite, names, placement(cfg, suite, method, device))
 
 
-def check_group(handle, suite: Suite, grp: EvalGroup) -> None:
-    """``check_fits`` of the group's longest input on the model as it is placed."""
-    ev = group_suite(suite, grp).evaluators[0]
-    check_fits(handle, eval_max_length(ev), generates=ev.spec.generates, key=f"eval.suite.{grp.key}")
+def _names_key(names) -> tuple | None:
+    return None if names is None else tuple(names)
 
 
-def merge_outputs(a, b):
-    """One evaluator's outputs of disjoint lengths as one: dicts merged key by key, anything else from ``b``."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = merge_outputs(out[k], v) if k in out else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(b)
+def placed_units(handle, suite: Suite, names=None) -> list[Unit] | None:
+    """The units ``load_and_extend`` placed ``handle`` for, when it placed it for this suite and these names."""
+    rec = handle.info.get("eval_units")
+    if rec is not None and rec[0] == id(suite) and rec[1] == _names_key(names):
+        return rec[2]
+    return None
+
+
+def check_unit(handle, unit: Unit) -> None:
+    """``check_fits`` of the unit's longest input on the model as it is placed."""
+    check_fits(handle, eval_max_length(unit.view), generates=unit.view.spec.generates, key=f"eval.suite.{unit.entry}")
 
 
 def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=None) -> dict | None:
@@ -389,64 +342,88 @@ def resume_key(cfg) -> str:
 
 
 def evaluations(cfg, handle, method, run_dir: str | Path, suite: Suite | None = None, progress=None):
-    """Run the evaluators of ``suite`` (default: the config's whole ``eval.suite``; ``harness.shards`` passes one
-    entry restricted to one length) with one shared context; yields ``(entry, output, seconds, version)`` in suite
-    order (``version``: the evaluator's, :func:`eval_version`). With ``eval_world_size`` > 1 the evaluators run in
-    that many data-parallel ranks (``harness.eval_distributed``) and the same tuples come back from rank 0."""
+    """Every entry of ``suite`` (default: the config's whole ``eval.suite``) evaluated, its units merged: yields
+    ``(entry, output, seconds, version)`` in suite order (``version``: the evaluator's, :func:`eval_version`),
+    per-sample records under ``run_dir``. :func:`evaluate` is the stage that records into a row."""
     if suite is None:
         suite = Suite.of(cfg)
-    groups = handle.info.get("eval_groups")
-    if groups is None or handle.info.get("eval_suite") != id(suite):  # another suite (a shard's view): its own
-        groups = eval_groups(suite, placement(cfg, suite, method, check_device(cfg.get("device", "auto"))))
-    ctx = EvalContext(run_dir=Path(run_dir), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
+    units = placed_units(handle, suite) or eval_units(cfg, suite, method, check_device(cfg.get("device", "auto")))
+    done: dict = {}
+    left = {k: sum(u.entry == k for u in units) for k in suite.nodes}
+    for unit, out, seconds, version in evaluate_units(cfg, handle, method, units, lambda u: Path(run_dir), progress):
+        prev = done.get(unit.entry)
+        done[unit.entry] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
+        left[unit.entry] -= 1
+        if not left[unit.entry]:
+            yield unit.entry, *done[unit.entry], version
+
+
+def evaluate_units(cfg, handle, method, units: list[Unit], samples_dir, progress=None, seen: dict | None = None,
+                   on_failure=None):
+    """Evaluate ``units`` (``harness.evals.suite.plan``'s) with one shared context; yields ``(unit, output, seconds,
+    version)`` in order. Consecutive units on the same placement run together: with ``eval_world_size`` > 1 in one
+    torchrun launch of that many data-parallel ranks (``harness.eval_distributed``, one model load per rank), else
+    here, the model re-placed per unit. ``samples_dir(unit)``: where a unit's per-sample records go. A unit that
+    fails goes to ``on_failure(unit, error)``, which says whether the next units still run (else it raises); an
+    out-of-memory error is first made :class:`EvalOutOfMemory`'s one line (``seen``: the decoder's last lengths)."""
+    ctx = EvalContext(run_dir=Path("."), seed=int(cfg.seed), autocast=str(cfg.get("autocast", "auto")),
                       batch_tokens=int(cfg.get("eval_batch_tokens", 8192)), progress=progress)
-    done: dict = {}  # entry -> (merged output, seconds)
-    left = {k: sum(g.key == k for g in groups) for k in suite.nodes}
-    # consecutive groups on the same placement run together: one torchrun launch (one model load per rank) for each
-    runs: list = []
-    for grp in groups:
-        if runs and runs[-1][-1].gpus == grp.gpus and grp.key not in {g.key for g in runs[-1]}:
-            runs[-1].append(grp)
+    launches: list = []
+    for unit in units:
+        if launches and launches[-1][-1].devices == unit.devices:
+            launches[-1].append(unit)
         else:
-            runs.append([grp])
-    for run in runs:
-        world = eval_world_size(cfg, handle, gpus=run[0].gpus)
-        parts = [group_suite(suite, grp) for grp in run]
-        if world > 1:
-            nodes = {grp.key: part.nodes[grp.key] for grp, part in zip(run, parts)}
-            results = evaluate_parallel(cfg, handle, method, run_dir, nodes, world, gpus=run[0].gpus)
-        else:
-            results = _evaluate_here(cfg, handle, method, suite, run, parts, ctx)
-        for grp, part, (_, out, seconds) in zip(run, parts, results):
-            check_finite(out, f"eval.suite.{grp.key}")  # a non-finite metric fails the row, naming entry and value
-            prev = done.get(grp.key)
-            done[grp.key] = (merge_outputs(prev[0], out), round(prev[1] + seconds, 2)) if prev else (out, seconds)
-            left[grp.key] -= 1
-            if not left[grp.key]:
-                yield grp.key, *done[grp.key], eval_version(part.evaluators[0])
+            launches.append([unit])
+    for batch in launches:
+        world = eval_world_size(cfg, handle, gpus=batch[0].devices)
+        parallel = evaluate_parallel(cfg, handle, method, batch, world, samples_dir, gpus=batch[0].devices) \
+            if world > 1 else None
+        for i, unit in enumerate(batch):
+            try:
+                out, seconds = next(parallel) if parallel is not None else \
+                    _evaluate_here(cfg, handle, method, unit, ctx, samples_dir(unit))
+                check_finite(out, f"eval.suite.{unit.entry}")  # a non-finite metric fails the unit, naming the value
+            except Exception as raised:  # the unit's failure: recorded by the caller, or raised
+                e = EvalOutOfMemory(oom_line(f"eval.suite.{unit.entry}", raised, seen, handle)) \
+                    if seen is not None and _is_oom(raised) else raised
+                if on_failure is None or not on_failure(unit, e):
+                    if e is raised:
+                        raise
+                    raise e from raised
+                if parallel is None:
+                    continue
+                for other in batch[i + 1:]:  # a failed launch ends its other units too
+                    on_failure(other, e)
+                break
+            yield unit, out, seconds, eval_version(unit.view)
 
 
-def _evaluate_here(cfg, handle, method, suite: Suite, run: list, parts: list, ctx):
-    """The groups of ``run`` in this process, the model placed for each; yields ``(key, output, seconds)``, each
-    evaluator's progress lines from its start (its times include its first prompt)."""
-    for grp, part in zip(run, parts):
-        if "eval_groups" in handle.info:  # placed by load_and_extend: the group's placement
-            reposition(handle, check_device(cfg.get("device", "auto")), grp.gpus)
-            check_group(handle, suite, grp)
-        ctx.entry = grp.key
-        ev = part.evaluators[0]
-        lengths = getattr(getattr(ev, "args", None), "lengths", None)
-        t0 = plog.stage(f"eval {grp.key}", f"{getattr(ev, 'registered_name', type(ev).__name__)}"
-                        + (f", lengths {list(lengths)}" if lengths else ""))
-        if ctx.progress is not None and hasattr(ctx.progress, "begin"):
-            ctx.progress.begin(grp.key)   # the entry's clock starts now: its times include its first prompt
-        try:
-            out = ev.run(handle, method, ctx)
-        except OverflowError as e:  # a derived number (exp of a mean NLL) out of range: the entry names where
-            raise NonFinite(f"eval.suite.{grp.key}: a derived number overflowed ({e}; a diverged model?)") from None
-        seconds = round(time.time() - t0, 2)
-        plog.done(f"eval {grp.key}", t0)
-        yield grp.key, out, seconds
+def _is_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError)  # torch.cuda.OutOfMemoryError is the same class
+
+
+def _evaluate_here(cfg, handle, method, unit: Unit, ctx, run_dir: Path) -> tuple[dict, float]:
+    """One unit in this process, the model placed for it: ``(output, seconds)``; its progress lines from its start
+    (its times include its first prompt)."""
+    if "eval_units" in handle.info:  # placed by load_and_extend: the unit's placement
+        reposition(handle, check_device(cfg.get("device", "auto")), unit.devices)
+        check_unit(handle, unit)
+    ctx.entry, ctx.run_dir = unit.entry, Path(run_dir)
+    ev = unit.view
+    lengths = getattr(getattr(ev, "args", None), "lengths", None)
+    t0 = plog.stage(f"eval {unit.entry}", f"{getattr(ev, 'registered_name', type(ev).__name__)}"
+                    + (f", lengths {list(lengths)}" if lengths else ""))
+    if ctx.progress is not None and hasattr(ctx.progress, "begin"):
+        ctx.progress.begin(unit.entry)   # the entry's clock starts now: its times include its first prompt
+    try:
+        out = ev.run(handle, method, ctx)
+    except OverflowError as e:  # a derived number (exp of a mean NLL) out of range: the entry names where
+        raise NonFinite(f"eval.suite.{unit.entry}: a derived number overflowed ({e}; a diverged model?)") from None
+    seconds = round(time.time() - t0, 2)
+    plog.done(f"eval {unit.entry}", t0)
+    return out, seconds
 
 
 def eval_world_size(cfg, handle=None, gpus: int | None = None) -> int:
@@ -464,33 +441,42 @@ def eval_version(ev) -> int:
     return int(ev.spec.version)
 
 
-def evaluate(cfg, handle, method, run, suite: Suite | None = None, on_result=None, progress=None) -> None:
-    """Run the suite (default: the config's ``eval.suite``), recording each evaluator's result in ``run`` (a
-    ``harness.lifecycle.Run``) as it comes: partial progress is never lost. An out-of-memory error
-    inside an evaluator becomes :class:`EvalOutOfMemory` ("eval.suite.<key>: out of memory at <L> tokens on <device>
-    (...)"); the length is the decoder's last input plus its cached tokens, recorded by a forward pre-hook on
-    ``handle.model.get_decoder()`` for the duration of the loop. ``progress`` (``harness.report.EvalProgress``) is
-    told of every finished prompt."""
-    import torch
-
+def evaluate(cfg, handle, method, run, suite: Suite | None = None, on_result=None, progress=None,
+             names=None) -> None:
+    """Run the suite's units (default: the config's ``eval.suite``, all of it; ``names``: a sharded job's units),
+    recording each unit's result in ``run`` as it comes (``run.record_unit``: a ``harness.lifecycle.Run`` merges an
+    entry's units into its row; a sharded job's recorder writes the shard's file), so partial progress is never
+    lost; ``on_result(entry, output)`` when an entry is complete. A unit that fails goes to ``run.unit_failed``,
+    which says whether the others still run (a sharded job: yes); the first failure is raised at the end. An
+    out-of-memory error inside an evaluator becomes :class:`EvalOutOfMemory` ("eval.suite.<key>: out of memory at
+    <L> tokens on <device> (...)"); the length is the decoder's last input plus its cached tokens, recorded by a
+    forward pre-hook on ``handle.model.get_decoder()`` for the duration of the loop. ``progress``
+    (``harness.report.EvalProgress``) is told of every finished prompt."""
     if suite is None:
         suite = Suite.of(cfg)
-    keys = list(suite.nodes)
+    units = placed_units(handle, suite, names)
+    if units is None:
+        units = eval_units(cfg, suite, method, check_device(cfg.get("device", "auto")), names)
     seen: dict = {}
     hook = watch_lengths(handle, seen)
     if progress is not None:
         progress.tokens = seen  # progress lines say at which length the model is
-    done = 0
+    left = {u.entry: sum(v.entry == u.entry for v in units) for u in units}
+    failures: list = []
+
+    def failed(unit, e) -> bool:
+        failures.append(e)
+        return bool(run.unit_failed(unit, e))
+
     try:
-        for key, out, seconds, version in evaluations(cfg, handle, method, run.row["run_dir"], suite, progress):
-            done += 1
-            run.record_eval(key, out, seconds, version)
-            if on_result:
-                on_result(key, out)
-    except torch.OutOfMemoryError as e:  # torch.cuda.OutOfMemoryError is the same class
-        key = keys[done] if done < len(keys) else "?"
-        raise EvalOutOfMemory(oom_line(f"eval.suite.{key}", e, seen, handle)) from e
+        for unit, out, seconds, version in evaluate_units(cfg, handle, method, units, run.samples_dir, progress,
+                                                          seen, on_failure=failed):
+            run.record_unit(unit, out, seconds, version)
+            left[unit.entry] -= 1
+            if on_result and not left[unit.entry]:
+                on_result(unit.entry, run.row["metrics"][unit.entry])
     finally:
         if hook is not None:
             hook.remove()
-
+    if failures:
+        raise failures[0]

@@ -55,7 +55,9 @@ from harness import memory
 from harness.conf_utils import checkpoint_config
 from harness.config import ConfigError, to_args
 from harness.device import fast_bf16_cpu, resolve_device
-from harness.evals import build_evaluators, method_limit, replica_gpus
+from harness.evals import method_limit, replica_gpus
+from harness.evals.suite import Suite
+from harness.evals.suite import plan as plan_units
 from harness.methods import build_method
 from harness.models import MODELS
 from harness.train import TrainArgs
@@ -226,11 +228,13 @@ def eval_point(s: Shape, L: int, prompts: int, gen: float, generates: bool, gpu:
 
 def eval_plan(cfg, s: Shape, limit: int | None, gpu: str = "A100", mfu: float = ASSUMED_MFU,
               node_gpus: int = DEFAULT_NODE_GPUS) -> dict:
-    suite = OmegaConf.to_container(cfg.eval.suite, resolve=True) or {}
+    """Per suite entry (a unit of the evaluation plan, ``harness.evals.suite.plan``: the entry whole), its prompts,
+    tokens, memory, GPUs per replica and GPU-hours at every length."""
     lengths = [int(L) for L in (OmegaConf.to_container(cfg.eval, resolve=True).get("lengths") or [])]
     itemsize = 4 if str(cfg.model.get("dtype", "bfloat16")) == "float32" else 2
     out = {}
-    for (key, node), ev in zip(suite.items(), build_evaluators(suite)):
+    for unit in plan_units(Suite.of(cfg)):
+        key, node, ev = unit.entry, unit.node, unit.view
         name = (node or {}).get("name") or key
         prompts, basis = ev.count_prompts(lengths, limit)  # the evaluator's own cost model (harness.evals)
         gen, gen_basis = gen_tokens_per_prompt(ev)
@@ -452,9 +456,10 @@ def run_shape(cfg, config=None) -> Shape:
                  bool(c.get("tie_word_embeddings")))
 
 
-def run_cost(cfg, suite, method, config=None, device=None) -> dict:
-    """The estimated cost of one run (the comment above): per suite entry and length the prompts, prompt tokens,
-    generated tokens and seconds; the fine-tune's tokens and seconds; the device rate it rests on."""
+def run_cost(cfg, units, method, config=None, device=None) -> dict:
+    """The estimated cost of one run (the comment above) that evaluates ``units`` (``harness.evals.suite.plan``'s:
+    all of a suite, or a sharded job's): per suite entry and length the prompts, prompt tokens, generated tokens and
+    seconds; the fine-tune's tokens and seconds; the device rate it rests on."""
     import torch
 
     s = run_shape(cfg, config)
@@ -472,17 +477,16 @@ def run_cost(cfg, suite, method, config=None, device=None) -> dict:
     per_call = ASSUMED_CALL_OVERHEAD_S * s.layers
     attn = 4 * s.layers * s.heads * s.head_dim
     entries, total = {}, 0.0
-    for key, ev in zip(suite.nodes, suite.evaluators):
-        prompts, _ = ev.count_prompts(lengths, limit)
-        gen, _ = gen_tokens_per_prompt(ev)
-        rows = {}
+    for unit in units:
+        prompts, _ = unit.view.count_prompts(lengths, limit)
+        gen, _ = gen_tokens_per_prompt(unit.view)
+        rows = entries.setdefault(unit.entry, {})
         for L, n in prompts.items():
             L, n = int(L), int(n)
             flops = n * L * (2 * s.matmul_params + attn * L) + n * gen * (2 * s.matmul_params + attn * L)
             sec = flops / rate + n * (1 + gen) * per_call
             rows[L] = {"prompts": n, "prompt_tokens": n * L, "generated_tokens": int(n * gen), "seconds": sec}
             total += sec
-        entries[key] = rows
     train = None
     t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     if t.enabled:
@@ -524,16 +528,16 @@ def cost_lines(est: dict) -> list[str]:
     return out
 
 
-def check_cost(cfg, suite, method, config=None, log=None) -> dict:
-    """Estimate the run's cost (:func:`run_cost`), print it, and refuse (one ``ConfigError`` line) a run whose
-    evaluation is estimated beyond ``cost.limit_s`` seconds (0 = no limit), before the model loads. Returns the
-    estimate."""
+def check_cost(cfg, units, method, config=None, log=None) -> dict:
+    """Estimate the cost of a run that evaluates ``units`` (:func:`run_cost`), print it, and refuse (one
+    ``ConfigError`` line) a run whose evaluation is estimated beyond ``cost.limit_s`` seconds (0 = no limit), before
+    the model loads. Returns the estimate."""
     import sys
 
     limit = OmegaConf.select(cfg, "cost.limit_s", default=DEFAULT_COST_LIMIT_S)
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
         raise ConfigError(f"cost.limit_s: {limit!r} is not a number of seconds (valid: >= 0; 0 = no limit)")
-    est = run_cost(cfg, suite, method, config)
+    est = run_cost(cfg, units, method, config)
     for line in cost_lines(est):
         (log or (lambda m: print(m, file=sys.stderr, flush=True)))(line)
     ev = est["seconds"] - (est["train"] or {}).get("seconds", 0)

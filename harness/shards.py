@@ -14,11 +14,14 @@ How it fits together:
   ``run_dir``: ``run.json``, ``checkpoint/`` of the fine-tune, ``shards/<entry>@<L>.json`` results and
   ``shards/<entry>@<L>/samples/`` per-sample records) and the one row ``<results_dir>/runs/<run_id>.json``.
   Rerunning the same command therefore finds the same row; to start over, delete that directory and row.
-- Shards (``plan``): ``train`` when the train config is enabled, then for every suite entry one shard per evaluation
-  length (``<entry>@<L>``: the entry's ``lengths`` replaced by ``[L]``) for an evaluator that declares ``by_length``
-  (its lengths computed independently: ppl, passkey, RULER, NIAH without its own ``context_lengths`` grid), or one
-  shard ``<entry>`` (LongBench, many-shot, NLL by position, ...).
+- Shards (``plan``): ``train`` when the train config is enabled, then the units of the run's evaluation plan cut one
+  per length (``harness.evals.suite.plan(suite, by_length=True)``, the one place a suite is cut): ``<entry>@<L>`` (the
+  entry's ``lengths`` replaced by ``[L]``) for an evaluator that declares ``by_length`` (its lengths computed
+  independently: ppl, passkey, RULER, NIAH without its own ``context_lengths`` grid), or one shard ``<entry>``
+  (LongBench, many-shot, NLL by position, ...). The names never depend on the node's GPUs.
   ``+shard=`` takes one name, ``all`` (every missing shard, in plan order, in this job) or ``train``.
+- A sharded job is a run restricted to some units: the stages of ``harness.api.run`` (setup, cost, load + method,
+  fine-tune, evaluate), recording into a :class:`ShardRun` instead of a ``harness.lifecycle.Run``.
 - A shard is finished when ``shards/<name>.json`` (``train``: ``checkpoint/`` with ``train_info.json``) exists with
   status ``ok``. Each result file is written atomically (temp file + rename) *before* the row is updated, so the shard
   files are the source of truth: a merge rebuilds the row's metrics from all of them.
@@ -28,9 +31,10 @@ How it fits together:
   the row: ``ok`` when every planned shard is, ``failed`` (with the shard's one-line error) when one failed in its
   latest attempt, ``running`` otherwise.
 - A shard's output equals the unsharded evaluator's output restricted to its length when the evaluator treats
-  lengths independently (seeds per length); ``min_tokens: 0`` (ppl, yarn protocol: documents as long as the largest
-  length) is pinned to the entry's largest length so every shard scores the same documents (its ``Spec.pins``; the
-  longlora protocol has no filter: every shard scores the same first documents anyway).
+  lengths independently (seeds per length); what a one-length part keeps of the whole entry is the evaluator's
+  ``Spec.pins``, applied by the plan (``Spec.view``): ``min_tokens: 0`` (ppl, yarn protocol: documents as long as the
+  largest length) is pinned to the entry's largest length so every shard scores the same documents (the longlora
+  protocol has no filter: every shard scores the same first documents anyway).
 - An evaluation shard of a fine-tuned run loads the fine-tuned weights from ``checkpoint/`` (written by the ``train``
   shard); it fails with a one-line message if the run was not trained yet.
 """
@@ -41,15 +45,16 @@ import json
 import os
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import lifecycle, pipeline, results
+from harness import api, lifecycle, results
 from harness.conf_utils import compose
 from harness.config import ConfigError
+from harness.evals.suite import Suite, merge_outputs
+from harness.evals.suite import plan as plan_units
 
 SHARD_KEY = "shard"
 
@@ -80,18 +85,15 @@ def train_enabled(cfg) -> bool:
     return bool((cfg.get("train") or {}).get("enabled", False))
 
 
-def plan(cfg, suite: pipeline.Suite | None = None) -> list[Shard]:
-    """Every shard of the run, in execution order (``suite``: the run's, when already built)."""
+def plan(cfg, suite: Suite | None = None) -> list[Shard]:
+    """Every shard of the run, in execution order (``suite``: the run's, when already built): ``train``, then the
+    units of the evaluation plan cut one per length (``harness.evals.suite.plan`` with ``by_length``; never by this
+    node's GPUs, so every job of the run agrees on the names)."""
     out = [Shard("train")] if train_enabled(cfg) else []
     if suite is None:
-        suite = pipeline.Suite.of(cfg)
-    for (entry, node), ev in zip(suite.nodes.items(), suite.evaluators):
-        # an evaluator that computes its lengths independently says so (``by_length``): one shard per length
-        lengths = (node or {}).get("lengths") if ev.spec.splits(ev.args) else None
-        if lengths:
-            out += [Shard(f"{entry}@{int(L)}", entry, int(L)) for L in lengths]
-        else:
-            out.append(Shard(entry, entry, None))
+        suite = Suite.of(cfg)
+    for u in plan_units(suite, by_length=True):
+        out.append(Shard(u.name, u.entry, u.lengths[0] if u.lengths else None))
     return out
 
 
@@ -126,7 +128,7 @@ def is_done(rdir: Path, shard: Shard) -> bool:
     return bool(rec) and rec.get("status") == "ok"
 
 
-deep_merge = pipeline.merge_outputs  # union of two evaluator outputs: dicts key by key, anything else: b wins
+deep_merge = merge_outputs  # union of two evaluator outputs: dicts key by key, anything else: b wins
 
 
 # ------------------------------------------------------------------------------------------------------ the row
@@ -178,90 +180,102 @@ def _record(rdir: Path, shard: Shard, **fields) -> None:
     results.atomic_write_json(shard_file(rdir, shard.name), rec)
 
 
-def _train(cfg, rdir: Path, log, setup: pipeline.Setup) -> None:
-    # as run.py: with train, the convergence gate's baseline
-    handle = pipeline.load_and_extend(cfg, setup.method, setup.train, suite=setup.suite)
-    info = pipeline.finetune(cfg, handle, setup.method, setup.train, rdir)
-    results.atomic_write_json(rdir / "checkpoint" / "train_info.json", info)  # last: marks the shard finished
-    log(f"shard train: done ({info.get('steps')} steps)")
+class ShardRun:
+    """What a sharded job's stages record into, in place of a ``harness.lifecycle.Run`` (``harness.api.run`` calls
+    the same methods): the fine-tune's ``train_info`` marks the ``train`` shard finished
+    (``checkpoint/train_info.json``), each evaluated unit becomes its shard's file (``shards/<name>.json``, per-sample
+    records under ``shards/<name>/``), a failed unit its shard's failure, and the row is merged after each."""
+
+    def __init__(self, cfg, rdir: Path, shards: list[Shard], log=print):
+        self.cfg, self.rdir, self.shards, self.log = cfg, Path(rdir), shards, log
+        self.by_name = {s.name: s for s in shards}
+        self.fields: dict = {}
+        self.recorded: set = set()  # the shards this job recorded (ok or failed)
+        self.row = merge(cfg, rdir, shards)
+
+    def _merge(self) -> None:
+        self.row = merge(self.cfg, self.rdir, self.shards)
+
+    def record(self, **fields) -> None:
+        self.fields.update({k: v for k, v in fields.items() if v is not None})
+        if fields.get("train_info") is not None:  # last: marks the train shard finished
+            results.atomic_write_json(self.rdir / "checkpoint" / "train_info.json", fields["train_info"])
+            self.log(f"shard train: done ({fields['train_info'].get('steps')} steps)")
+            self._merge()
+
+    def record_unit(self, unit, output: dict, seconds: float, version: int) -> None:
+        self.recorded.add(unit.name)
+        _record(self.rdir, self.by_name[unit.name], status="ok", result=output, seconds=seconds,
+                method_params=self.fields.get("method_params"), eval_version=version)
+        self.log(f"shard {unit.name}: done in {seconds:.1f} s")
+        self._merge()
+
+    def unit_failed(self, unit, error: BaseException) -> bool:
+        self.failed(self.by_name[unit.name], error)
+        return True  # the job's other shards still run
+
+    def failed(self, shard: Shard, error: BaseException) -> None:
+        self.recorded.add(shard.name)
+        if shard.name == "train":
+            (self.rdir / "train_error.log").write_text(lifecycle.one_line(error) + "\n")
+        else:
+            _record(self.rdir, shard, status="failed", error=lifecycle.one_line(error))
+        self.log(f"shard {shard.name}: failed: {lifecycle.one_line(error)}")
+        self._merge()
+
+    def samples_dir(self, unit) -> Path:
+        return self.rdir / "shards" / unit.name
 
 
-def _load(cfg, rdir: Path, setup: pipeline.Setup | None = None):
-    """The model to evaluate: the base model, or the run's fine-tuned checkpoint, with the method applied
-    (``setup``: the run's checked groups, when already made)."""
-    setup = setup or pipeline.setup(cfg)
-    if train_enabled(cfg):
-        ckpt = rdir / "checkpoint"
-        if not (ckpt / "train_info.json").exists():
-            raise RuntimeError(f"run {rdir.name} is not fine-tuned yet: run its +shard=train (or +shard=all) first")
-        cfg = copy.deepcopy(cfg)
-        cfg.model.path = str(ckpt)
-    return pipeline.load_and_extend(cfg, setup.method, suite=setup.suite), setup.method
-
-
-def shard_suite(suite: pipeline.Suite, shard: Shard) -> pipeline.Suite:
-    """The one-entry suite a shard evaluates, a view of the run's built ``suite`` (``Suite.only``): the entry with
-    its ``lengths`` replaced by ``[shard.length]`` and what its evaluator says a one-length shard keeps of the whole
-    entry (``Spec.shard``: PPL's yarn protocol, the document filter of the entry's largest length)."""
-    if shard.length is None:
-        return suite.only(shard.entry)
-    ev = suite.evaluators[list(suite.nodes).index(shard.entry)]
-    return suite.only(shard.entry, **ev.spec.shard(ev.args, shard.length))
-
-
-def _evaluate(cfg, rdir: Path, shard: Shard, handle, method, suite: pipeline.Suite) -> tuple[dict, int]:
-    """The pipeline's evaluation stage on the shard's one-entry view of the run's ``suite`` (per-sample records
-    under the shard): (output, evaluator version)."""
-    ((_, out, _, version),) = pipeline.evaluations(cfg, handle, method, rdir / "shards" / shard.name,
-                                                   shard_suite(suite, shard))
-    return out, version
+def _evaluation_config(cfg, rdir: Path):
+    """The config an evaluation shard's stages run: the run's fine-tuned checkpoint as the model (written by the
+    ``train`` shard) and no fine-tune; the run's own config otherwise."""
+    if not train_enabled(cfg):
+        return cfg
+    ckpt = rdir / "checkpoint"
+    if not (ckpt / "train_info.json").exists():
+        raise RuntimeError(f"run {rdir.name} is not fine-tuned yet: run its +shard=train (or +shard=all) first")
+    cfg = copy.deepcopy(cfg)
+    cfg.model.path = str(ckpt)
+    cfg.train.enabled = False
+    return cfg
 
 
 def run(cfg, log=print) -> dict:
     """Run the shards named by ``cfg.shard`` that are not finished yet; returns the merged row. Raises when a shard
-    fails (after recording it, so the row says which one and why). The suite is built once per process: for the plan
-    and the merges, checked with the run's other groups (``pipeline.setup``) for the shards it runs, and viewed one
-    entry and length at a time by each evaluation shard (``shard_suite``). The evaluation shards after a fine-tune
-    get a fresh method: the tuned one may have changed, e.g. LongRoPE's recovered factors."""
+    fails (after recording it, so the row says which one and why). A sharded job is a run restricted to some units:
+    its stages are ``harness.api.run``'s, called once for the ``train`` shard (no unit) and once for the evaluation
+    shards it runs (the units of those names, on the fine-tuned checkpoint with a fresh method: the tuned one may
+    have changed, e.g. LongRoPE's recovered factors), recording into a :class:`ShardRun`."""
     spec = str(cfg[SHARD_KEY])
     rdir = run_dir(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
-    suite = pipeline.Suite.of(cfg)
+    suite = Suite.of(cfg)  # built once: the plan, and the stages of every shard this job runs
     shards = plan(cfg, suite)
-    row = merge(cfg, rdir, shards)  # the row exists (status running) from the first job on
+    rec = ShardRun(cfg, rdir, shards, log)  # the row exists (status running) from the first job on
     if not (rdir / "run.json").exists():
-        lifecycle.write_run_file(rdir, row)
+        lifecycle.write_run_file(rdir, rec.row)
     chosen = select(cfg, spec, shards)
     todo = [s for s in chosen if not is_done(rdir, s)]
     skipped = [s.name for s in chosen if s not in todo]
     if skipped:
         log(f"shards already finished, skipped: {', '.join(skipped)}")
     failure = None
-    setup = loaded = None
-    for s in todo:
-        t0 = time.time()
+    if any(s.name == "train" for s in todo):
         try:
-            setup = setup or pipeline.setup(cfg, suite=suite)  # inside the try: a bad group is this shard's failure
-            if s.name == "train":
-                _train(cfg, rdir, log, setup)
-                setup = loaded = None
-            else:
-                if loaded is None:
-                    loaded = _load(cfg, rdir, setup)
-                out, version = _evaluate(cfg, rdir, s, *loaded, suite)
-                _record(rdir, s, status="ok", result=out, seconds=round(time.time() - t0, 2),
-                        method_params=loaded[1].params(), eval_version=version)
-                log(f"shard {s.name}: done in {time.time() - t0:.1f} s")
-        except Exception as e:  # noqa: BLE001 - a failed shard is recorded, the others still run
-            failure = failure or e
-            if s.name != "train":
-                _record(rdir, s, status="failed", error=lifecycle.one_line(e), seconds=round(time.time() - t0, 2))
-            else:
-                (rdir / "train_error.log").write_text(lifecycle.one_line(e) + "\n")
-            log(f"shard {s.name}: failed: {lifecycle.one_line(e)}")
-            if s.name == "train":
-                break  # nothing to evaluate
-        merge(cfg, rdir, shards)
+            api.run(cfg, rec, names=(), suite=suite)
+        except Exception as e:  # recorded; nothing to evaluate
+            rec.failed(Shard("train"), e)
+            raise
+    names = [s.name for s in todo if s.name != "train"]
+    if names:
+        try:
+            api.run(_evaluation_config(cfg, rdir), rec, names=names, suite=suite)
+        except Exception as e:  # noqa: BLE001 - a unit's failure is already recorded; a failure before any unit:
+            failure = e  # each shard's
+            for s in todo:
+                if s.name != "train" and s.name not in rec.recorded:
+                    rec.failed(s, e)
     row = merge(cfg, rdir, shards)
     if failure is not None:
         raise failure

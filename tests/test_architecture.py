@@ -28,6 +28,7 @@ FLOORS = [
     ("library", {"api"}),  # the public API (extend, evaluate, save, load): run.py's stages are api.run
     ("launch", {"submit"}),  # a sweep submitted to Slurm (validates with the pipeline, records for status)
     ("entry", {"precheck", "shards", "cli", "lmeval"}),  # cli: `harness <tool>`; lmeval: the model for lm-eval
+    ("app", {"app"}),  # the Hydra app of one run (run.py, `harness run`, every Slurm job)
     ("tools", {"tools"}),  # the library's tools behind `harness <tool>` (plan, submit, build-data, prepare-*, ...)
     # the controlled study, an app on the library (package controlled_study): tables, findings, figures and the
     # paper's numbers, reading what the evaluators declare and the methods' facts; nothing in harness imports it
@@ -135,7 +136,7 @@ def test_no_import_cycle():
 
 
 ROOT = HARNESS.parent
-ROW_WRITERS = {"harness/results.py", "harness/lifecycle.py"}  # the schema + atomic writer, and the row's lifecycle
+ROW_WRITERS = {"harness/results/live.py", "harness/lifecycle.py"}  # the row file's writer, and the row's lifecycle
 
 
 def row_writes(text: str) -> list[str]:

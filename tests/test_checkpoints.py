@@ -230,5 +230,5 @@ def test_the_resume_key_digests_the_code_that_makes_weights_and_not_the_rest():
         assert kept in files, kept
     for left in ("harness/evals/passkey.py", "harness/evals/__init__.py", "harness/precheck.py", "harness/plan.py",
                  "harness/search/__init__.py", "controlled_study/findings/report.py", "harness/stats.py",
-                 "harness/cli.py", "harness/lifecycle.py", "harness/results.py"):
+                 "harness/cli.py", "harness/lifecycle.py", "harness/results/live.py"):
         assert (codeversion.ROOT / left).is_file() and left not in files, left

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from harness import api, plan
+from harness import api, pipeline, plan
 from harness.conf_utils import compose
 from harness.config import ConfigError
 from harness.models import gguf_to_folder
@@ -23,7 +23,7 @@ def test_cost_counts_the_suites_tokens_per_evaluator_and_length():
     passkey on 5 prompts at C, 2C, 4C, and passkey decodes its answer budget per prompt."""
     cfg = compose(["method=base", "train=none", "eval=quick"])
     s = setup(cfg, data=False)
-    est = plan.run_cost(cfg, s.suite, s.method)
+    est = plan.run_cost(cfg, pipeline.selected(s.suite), s.method)
     ppl, pk = est["entries"]["ppl_books"], est["entries"]["passkey"]
     assert {L: r["prompts"] for L, r in ppl.items()} == {512: 2, 1024: 2, 2048: 2}
     assert sum(r["prompt_tokens"] for r in ppl.values()) == 2 * (512 + 1024 + 2048)
@@ -57,7 +57,7 @@ def test_the_default_limit_passes_the_committed_configs():
         def evaluation(ov):
             cfg = compose(ov)
             s = setup(cfg, data=False)
-            est = plan.run_cost(cfg, s.suite, s.method, device=torch.device("cpu"))
+            est = plan.run_cost(cfg, pipeline.selected(s.suite), s.method, device=torch.device("cpu"))
             return est["seconds"] - (est["train"] or {}).get("seconds", 0)
 
         for ov in (["method=base", "train=none", "eval=run"], ["method=yarn", "train=quick", "eval=run"],

@@ -17,9 +17,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_components import EVAL_PY as PLUGIN_EVAL_PY
 
-# the slow tier (~50 s idle: a copy of the checkout and a nested pytest of 5 modules that the default tier runs
-# as they are; tests/test_components.py keeps the same two components outside the tree in the default tier)
-pytestmark = pytest.mark.slow
+# the whole proof is in the slow tier (~50 s idle: a copy of the checkout and a nested pytest of 5 modules that the
+# default tier runs as they are); its short form (one process in the copy) is in the default tier
 
 README = (ROOT / "README.md").read_text()
 # the plugin proof's evaluator (tests/test_components.py), kept in the tree under its own name
@@ -38,11 +37,13 @@ def readme_example() -> dict:
     return out
 
 
-def test_a_new_method_and_evaluator_in_the_tree_need_nothing_else(tmp_path):
+def checkout_with_the_pair(tmp_path, with_results: bool = True):
+    """A copy of the checkout's tracked files (``with_results``: its committed results too) with the README's method and the in-tree evaluator
+    added, each one ``.py`` file plus one YAML; and the environment that runs it."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     copy = tmp_path / "repo"
     for rel in tracked.decode().split("\0"):
-        if rel and (ROOT / rel).is_file():
+        if rel and (ROOT / rel).is_file() and (with_results or not rel.startswith("results/")):
             (copy / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, copy / rel)
     example = readme_example()
@@ -58,6 +59,41 @@ def test_a_new_method_and_evaluator_in_the_tree_need_nothing_else(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(copy), HARNESS_RESULTS_DIR=str(tmp_path / "results"),
                HARNESS_OUTPUT_DIR=str(tmp_path / "outputs"))
     env.pop("HARNESS_PLUGINS", None)
+    return copy, env
+
+
+# run in the copy: the pair is registered with its facts, the tiny study has a point for the method (its facts say
+# it trains: the study's fine-tuning recipe), that point composes and validates like any, and the evaluator runs in
+# a suite whose config says only its name
+SHORT_CHECK = """
+from harness import pipeline
+from harness.conf_utils import compose, generated_points
+from harness.evals import EVALS
+from harness.methods import METHODS
+
+point = generated_points()["tiny_study"]["my_method"]
+cfg = compose(["experiment=tiny_study", "point=tiny_study/my_method", "+evaluator@eval.suite.mine=intree_eval"])
+method, train = pipeline.validate(cfg, data=False)
+print("my_method" in METHODS, "intree_eval" in EVALS, METHODS.facts("my_method").label, point["study"]["row"],
+      method.name, train.enabled, type(pipeline.Suite.of(cfg).evaluators[-1]).__name__)
+"""
+
+
+@pytest.mark.integration
+def test_a_new_method_and_evaluator_in_the_tree_are_found_by_the_registries_and_the_study(tmp_path):
+    """The proof's short form (default tier, one process): with the pair added to a copy of the checkout, the
+    registries find both with their facts, the tiny study gets a point for the method from its facts, and a run of
+    that point with the evaluator added to its suite composes and validates; nothing else was touched."""
+    copy, env = checkout_with_the_pair(tmp_path, with_results=False)
+    r = subprocess.run([sys.executable, "-c", SHORT_CHECK], cwd=copy, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "True", "My-Method", "My-Method", "my_method", "True", "IntreeEval"]
+
+
+@pytest.mark.slow
+def test_a_new_method_and_evaluator_in_the_tree_need_nothing_else(tmp_path):
+    copy, env = checkout_with_the_pair(tmp_path)
 
     # the sweep: the tiny study has a point for the new method (fine-tuned: its facts say trains), not yet run
     plan = subprocess.run([sys.executable, "scripts/study.py", "--dry-run"], cwd=copy, env=env, capture_output=True,

@@ -34,7 +34,7 @@ def test_a_run_records_stages_and_finishes_with_the_row_schema(results_env):
     assert run.finish() is None
     row = on_disk()
     assert row["status"] == "ok" and row["time_end"] and list(row) == list(results.ROW_FIELDS)
-    assert run.path not in results._BEATING
+    assert run.path not in results.live._BEATING
     lifecycle.STARTED.remove(run)
 
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, random_llama
 
 from harness import shards
+from harness.sweeps import compose
 
 
 def save_small_model(d: Path) -> Path:
@@ -91,19 +92,18 @@ def test_merge_rebuilds_row_from_shard_files(results_env):
 
 
 def test_a_shard_evaluates_a_view_of_the_built_suite(results_env):
-    """A shard's one-entry suite is derived from the run's built suite (no second build): the entry's evaluator with
-    its lengths restricted to the shard's, ppl's yarn filter pinned to the entry's largest length; the run's suite
-    is left as it was."""
-    from harness.pipeline import Suite
-    from harness.sweeps import compose
+    """A shard's unit is a view of the run's built suite made by the evaluation plan (no second build): the entry's
+    evaluator with its lengths restricted to the shard's, ppl's yarn filter pinned to the entry's largest length; the
+    run's suite is left as it was."""
+    from harness.evals.suite import Suite, plan
 
     suite = Suite.of(compose(["model=tiny_llama", "model.native_ctx=64", "train=none", "eval=quick"]))
-    ppl = shards.shard_suite(suite, shards.Shard("ppl_books@128", "ppl_books", 128))
-    (ev,) = ppl.evaluators
+    units = {u.name: u for u in plan(suite, by_length=True)}
+    ev = units["ppl_books@128"].view
     assert type(ev) is type(suite.evaluators[0]) and ev is not suite.evaluators[0]
     assert (ev.args.lengths, ev.args.min_tokens, ev.args.samples) == ([128], 256, suite.evaluators[0].args.samples)
-    assert ppl.nodes == {"ppl_books": {**suite.nodes["ppl_books"], "lengths": [128], "min_tokens": 256}}
-    (pk,) = shards.shard_suite(suite, shards.Shard("passkey@64", "passkey", 64)).evaluators
+    assert units["ppl_books@128"].node == {**suite.nodes["ppl_books"], "lengths": [128], "min_tokens": 256}
+    pk = units["passkey@64"].view
     assert pk.args.lengths == [64] and pk.args.depth_bins == suite.evaluators[1].args.depth_bins
     assert [e.args.lengths for e in suite.evaluators] == [[64, 128, 256]] * 2
     assert suite.evaluators[0].args.min_tokens == 0
@@ -127,6 +127,49 @@ def test_a_sharded_job_builds_its_suite_once(results_env, monkeypatch):
     row = shards.run(cfg, log=lambda m: None)
     assert row["status"] == "ok" and list(row["shards"]) == ["ppl_books@128", "ppl_books@256", "passkey@128"]
     assert built == ["eval.suite.ppl_books", "eval.suite.passkey"]
+
+
+STAGES = ("setup", "check_cost", "load_and_extend", "finetune", "evaluate")
+
+
+def _record_stages(monkeypatch) -> list:
+    """Wrap the pipeline's stages (and the cost check) so that each call is recorded with the units it evaluates."""
+    from harness import pipeline, plan
+
+    calls: list = []
+    for mod, name in [(pipeline, n) for n in STAGES if n != "check_cost"] + [(plan, "check_cost")]:
+        fn = getattr(mod, name)
+
+        def spy(*args, _fn=fn, _name=name, **kwargs):
+            units = args[1] if _name == "check_cost" else None
+            calls.append((_name, kwargs.get("names") if _name != "check_cost" else [u.name for u in units]))
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(mod, name, spy)
+    return calls
+
+
+def test_a_sharded_job_runs_the_stages_of_a_plain_run(results_env, monkeypatch):
+    """A plain run and a sharded job call the same stage functions in the same order (``harness.api.run``'s): the
+    sharded job is the run restricted to its units (``names``), recording into its own recorder; the shards have no
+    stage loop of their own."""
+    from harness import api, lifecycle
+
+    model_dir = save_small_model(results_env / "model")
+    args = [*overrides(model_dir), "eval.suite.passkey.lengths=[128]"]
+    calls = _record_stages(monkeypatch)
+    cfg = compose(args)
+    r = lifecycle.start(cfg)
+    api.run(cfg, r)
+    assert r.finish() is None
+    plain, calls[:] = list(calls), []
+    row = shards.run(compose([*args, "+shard=all"]), log=lambda m: None)
+    assert row["status"] == "ok"
+    names = ["ppl_books@128", "ppl_books@256", "passkey@128"]
+    assert [c[0] for c in plain] == [c[0] for c in calls] == list(STAGES)
+    assert plain[1] == ("check_cost", ["ppl_books", "passkey"]) and plain[-1] == ("evaluate", None)
+    assert calls[1] == ("check_cost", names) and calls[-1] == ("evaluate", names)
+    assert {k: v for k, v in row["metrics"].items()} == {k: v for k, v in r.row["metrics"].items()}
 
 
 def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):

@@ -18,6 +18,17 @@ from conftest import ROOT, load_file_module
 from harness import conf_utils, sweeps
 
 EXPERIMENTS = sorted(p.stem for d in conf_utils.conf_dirs() for p in (d / "experiment").glob("*.yaml"))
+# the folders a caller's environment may point elsewhere (conf/paths/default.yaml reads them): the renderings and
+# compositions these tests compare with committed text use the defaults, whatever the caller set
+PATH_SETTINGS = ("HARNESS_OUTPUT_DIR", "HARNESS_RESULTS_DIR", "HARNESS_CKPT_DIR", "HARNESS_CACHE_DIR")
+
+
+@pytest.fixture(autouse=True)
+def _default_paths(monkeypatch):
+    for k in PATH_SETTINGS:
+        monkeypatch.delenv(k, raising=False)
+
+
 TABLE1 = {"LLaMA2", "NTK-Frozen", "LM-Infinite", "Self-Extend", "PI", "NTK-32K", "YaRN", "CLEX", "LongLoRA",
           "Landmark", "NTK-64K", "NTK-64K-2B"}
 

@@ -203,8 +203,8 @@ def test_plan_and_run_place_every_paper_evaluator_and_length_alike(tmp_path, mon
         assert run[key] == want, key
     split = {(k, L) for k, at in run.items() for L, g in at.items() if g > 1}
     assert split and {k for k, _ in split} == {"niah"}
-    groups = pipeline.eval_groups(suite, run)
-    assert [g.gpus for g in groups if g.key != "niah"] == [1] * (len(groups) - 1)
+    units = pipeline.selected(suite, place=run)
+    assert [u.devices for u in units if u.entry != "niah"] == [1] * (len(units) - 1)
 
 
 def test_run_places_the_model_per_evaluator_and_length(tmp_path, monkeypatch, results_env):
@@ -226,7 +226,7 @@ def test_run_places_the_model_per_evaluator_and_length(tmp_path, monkeypatch, re
     method, _ = pipeline.validate(cfg)
     with node:
         handle = pipeline.load_and_extend(cfg, method, suite=suite)
-        assert [(g.key, g.gpus) for g in handle.info["eval_groups"]] == [("ppl", 1), ("passkey", 2)]
+        assert [(u.entry, u.devices) for u in pipeline.placed_units(handle, suite)] == [("ppl", 1), ("passkey", 2)]
         assert on_gpus(handle.model) == {0}
         placed = []
         for key, out, _, _ in pipeline.evaluations(cfg, handle, method, tmp_path, suite):

@@ -63,17 +63,20 @@ class Spec:
     #                               (harness.shards); or a function of its Args saying so (``splits``)
     generates: bool = False       # decodes with the KV cache of the whole prompt (the memory checks and the plan)
     data_parallel: bool = False   # its prompt loop goes through ctx.map / ctx.map_blocks (harness.eval_distributed)
-    pins: Callable[[Any], dict] | None = None  # the settings a one-length shard keeps from the whole entry, a function
-    #                               of its Args (PPL's yarn protocol: the document filter of the entry's largest length)
+    pins: Callable[[Any], dict] | None = None  # the settings a part of the entry (some of its lengths) keeps from the
+    #                               whole entry, a function of its Args (PPL's yarn protocol: the document filter of the
+    #                               entry's largest length); every such part is made by ``view``
     version: int = 1              # recorded per suite entry (eval_versions): bump it when a change alters its numbers
 
     def splits(self, args) -> bool:
         """Whether an evaluator with settings ``args`` may run as one shard per length (``by_length``)."""
         return bool(self.by_length(args) if callable(self.by_length) else self.by_length)
 
-    def shard(self, args, length: int) -> dict:
-        """The settings of the one-length shard at ``length`` of an evaluator with settings ``args`` (``pins``)."""
-        return {**(self.pins(args) if self.pins is not None else {}), "lengths": [int(length)]}
+    def view(self, args, lengths) -> dict:
+        """The settings of the part of an evaluator with settings ``args`` that runs at ``lengths`` only (``pins``:
+        what it keeps of the whole entry); ``harness.evals.suite.plan``, the one place a suite is cut, makes every
+        view with it."""
+        return {**(self.pins(args) if self.pins is not None else {}), "lengths": [int(L) for L in lengths]}
 
 
 def _check_declarations(name: str, cls) -> None:

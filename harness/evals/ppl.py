@@ -229,25 +229,34 @@ class Perplexity:
     def documents(self, tokenizer, min_tokens: int) -> tuple[list[list[int]], int]:
         """The first ``samples`` documents with at least ``min_tokens`` tokens (no separator), and how many shorter
         ones were passed over."""
-        docs, short = [], 0
+        docs, _, short = self.named_documents(tokenizer, min_tokens)
+        return docs, short
+
+    def named_documents(self, tokenizer, min_tokens: int) -> tuple[list[list[int]], list[str], int]:
+        """:meth:`documents` with each document's name (its file or play; ``#<i>``, its place in a ``bin:`` stream):
+        the per-sample records say which document each window is from."""
+        docs, names, short = [], [], 0
         if self.args.dataset.startswith("bin:"):  # pre-tokenised stream: drop each document's leading separator
-            for d in load_token_stream(self.args.dataset[4:], 1 << 62 if min_tokens else self.args.samples):
+            for i, d in enumerate(load_token_stream(self.args.dataset[4:], 1 << 62 if min_tokens else
+                                                    self.args.samples)):
                 if len(d) - 1 >= min_tokens:
                     docs.append(d[1:].tolist())
+                    names.append(f"#{i}")
                 else:
                     short += 1
                 if len(docs) == self.args.samples:
                     break
-            return docs, short
+            return docs, names, short
         for d in load_documents(self.args.dataset, self.args.split):
             ids = tokenizer(d.text, add_special_tokens=False).input_ids
             if len(ids) >= min_tokens:
                 docs.append(ids)
+                names.append(d.name)
             else:
                 short += 1
             if len(docs) == self.args.samples:
                 break
-        return docs, short
+        return docs, names, short
 
     def run(self, handle, method, ctx) -> dict:
         a = self.args
@@ -255,7 +264,7 @@ class Perplexity:
         tok, model = handle.tokenizer, handle.model
         min_tokens = self.min_tokens(lengths)
         if a.protocol == "yarn":
-            docs, short = self.documents(tok, min_tokens)
+            docs, names, short = self.named_documents(tok, min_tokens)
             n_docs = len(docs)
         else:
             stream, n_docs, short = self.stream(tok, min_tokens)
@@ -288,8 +297,8 @@ class Perplexity:
                 for (j, b, e, trg), nll in zip(wins, per_tok):
                     nlls.append(float(np.mean(nll[-trg:], dtype=np.float64)))
                     n += trg
-                    recs.append({"dataset": a.dataset, "length": L, "doc": j, "begin": b, "end": e, "scored": trg,
-                                 "nll": round(nlls[-1], 6)})
+                    recs.append({"dataset": a.dataset, "length": L, "doc": j, "doc_name": names[j], "begin": b,
+                                 "end": e, "scored": trg, "nll": round(nlls[-1], 6)})
                 res[str(L)] = math.exp(float(np.mean(nlls))) if nlls else None
                 scored[str(L)] = {"tokens": n, "windows": len(nlls)}
                 per_sample[str(L)] = [round(x, 6) for x in nlls]  # one mean NLL per window (truncate: per document)

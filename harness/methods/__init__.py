@@ -373,17 +373,19 @@ Method.apply = _records_checkpoint_rope(Method.apply)
 
 
 def build_method(cfg) -> Method:
-    """The one builder. The method's YAML (``conf/method/<name>.yaml``) is layered under ``cfg``, so a call from
-    code (``build_method({"name": "ntk_64k"})``) gets the same defaults as ``method=ntk_64k`` on the command line
+    """The one builder. A node Hydra composed (a ``DictConfig``: ``method=ntk_64k`` on the command line) already
+    holds its YAML's settings and is built as it is; under a plain dict from code (``build_method({"name":
+    "ntk_64k"})``) the method's YAML (``conf/method/<name>.yaml``) is layered, so both get the same defaults
     (several names share one class and differ only in their YAML: ntk_dynamic / ntk_32k / ntk_64k)."""
     name = cfg.get("name") if hasattr(cfg, "get") else None
     if not name:
         raise ConfigError("method config has no name")
     from omegaconf import DictConfig, OmegaConf
 
-    node = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    composed = isinstance(cfg, DictConfig)
+    node = OmegaConf.to_container(cfg, resolve=True) if composed else dict(cfg)
     node.pop("facts", None)  # what the tables know about the method, not a parameter
-    return METHODS.build(node, f"method={name}", defaults=yaml_defaults(name))
+    return METHODS.build(node, f"method={name}", defaults=None if composed else yaml_defaults(name))
 
 
 def yaml_defaults(name: str) -> dict:

@@ -1,17 +1,18 @@
 """The Hydra app of one run: model x method x data x train x eval -> one results row (``python run.py``, ``harness
-run``; ``run.py`` in the checkout is a thin front for :func:`cli`).
+run``, every Slurm job; ``run.py`` in the checkout is a thin front for :func:`cli`).
 
 Table of contents: start the row (``harness.lifecycle``) -> the stages, ``harness.api.run`` (the library's
-``api.evaluate`` runs the same): check every group and build the suite once, estimate the run's cost and refuse one
-beyond ``cost.limit_s`` -> load the model and apply the method -> fine-tune if the train config says so -> run
-every evaluator of the suite -> finish the row. A failure anywhere finishes the row as ``failed`` with a
-one-line error and exits non-zero; whatever was already measured stays in the row.
+``api.evaluate`` and every sharded job run the same): check every group and build the suite once, estimate the run's
+cost and refuse one beyond ``cost.limit_s`` -> load the model and apply the method -> fine-tune if the train config
+says so -> run every unit of the suite's evaluation plan -> finish the row. A failure anywhere finishes the row as
+``failed`` with a one-line error and exits non-zero; whatever was already measured stays in the row.
 
-It is the study's app, on the library: the stages are the library's; what the study adds is its configs (the sweep
-points and experiments of ``controlled_study/conf``, on the config search path through the entry-point group
-``harness.conf``) and wandb's evaluation table as the lines of ``make export`` (``controlled_study.export``). The
-config tree is the library's ``conf/`` (``harness.conf_utils.CONF_DIR``), and the job is named ``run`` (its log,
-``run.log``, and what ``python run.py`` always named it).
+It is the library's app and needs nothing else installed. An installed package adds to it through entry points: its
+configs (the group ``harness.conf``: the controlled study's sweep points and experiments, ``controlled_study/conf``)
+and the lines of the evaluation table wandb logs at the end (the group ``harness.table_lines``: the controlled
+study's ``make export`` lines, ``controlled_study.export.flatten``; none installed: no table). The config tree is the
+library's ``conf/`` (``harness.conf_utils.CONF_DIR``), and the job is named ``run`` (its log, ``run.log``, and what
+``python run.py`` always named it).
 """
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from controlled_study import export
 from harness import api, lifecycle, precheck, report, shards, tracking
-from harness.conf_utils import CONF_DIR
+from harness.conf_utils import CONF_DIR, installed_table_lines
 from harness.train import Terminated
 
 
@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> None:
     row = run.row
     tracker = tracking.NULL
     try:
-        tracker = tracking.start(cfg, row, table_lines=export.flatten)  # wandb: results as export's lines
+        tracker = tracking.start(cfg, row, table_lines=installed_table_lines())  # wandb: an installed table
         api.run(cfg, run, on_result=tracker.log,  # 0. check + cost, 1. model + method, 2. fine-tune, 3. evaluate
                 train_progress=report.TrainProgress(on_step=tracker.log_step), eval_progress=report.EvalProgress())
         problem = run.finish()                                                    # 4. the row

@@ -227,7 +227,7 @@ class ShardRun:
         return self.rdir / "shards" / unit.name
 
 
-def _evaluation_config(cfg, rdir: Path):
+def evaluation_config(cfg, rdir: Path):
     """The config an evaluation shard's stages run: the run's fine-tuned checkpoint as the model (written by the
     ``train`` shard) and no fine-tune; the run's own config otherwise."""
     if not train_enabled(cfg):
@@ -270,7 +270,7 @@ def run(cfg, log=print) -> dict:
     names = [s.name for s in todo if s.name != "train"]
     if names:
         try:
-            api.run(_evaluation_config(cfg, rdir), rec, names=names, suite=suite)
+            api.run(evaluation_config(cfg, rdir), rec, names=names, suite=suite)
         except Exception as e:  # noqa: BLE001 - a unit's failure is already recorded; a failure before any unit:
             failure = e  # each shard's
             for s in todo:

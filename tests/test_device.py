@@ -137,9 +137,13 @@ def test_shard_load_puts_the_model_on_the_configured_device(one_fake_gpu, result
     from harness import shards
     from harness.sweeps import compose
 
+    from harness import pipeline
+
     cfg = compose(["method=pi", "train=none", "eval=quick", "device=cuda:0", "+shard=all"])
+    ecfg = shards.evaluation_config(cfg, tmp_path)  # the config a sharded job's stages load (api.run's)
+    s = pipeline.setup(ecfg)
     with Accelerator():
-        handle, method = shards._load(cfg, tmp_path)
+        handle = pipeline.load_and_extend(ecfg, s.method, suite=s.suite, names=["passkey@512"])
     assert one_fake_gpu == [(torch.device("cuda", 0), None)]
     assert _on_accelerator(handle.model) and handle.info["device"] == "cuda:0"
 

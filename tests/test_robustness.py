@@ -108,7 +108,7 @@ def test_outputs_dir_unwritable_before_the_run(tmp_path, multirun):
 
 FILL_DISK_WHEN_MEASURED = textwrap.dedent("""
     import errno, os, pathlib
-    import harness.results as R
+    import harness.results.live as R  # the row file's writer
     _write, _text = R.atomic_write_text, pathlib.Path.write_text
     full = []
     def write(path, text):  # the disk fills once the first evaluator result is being written

@@ -286,8 +286,11 @@ class RowSet:
             for r in e.rows:
                 e.by_seed.setdefault(training_seed(r), []).append(r)
             # the seed shown is chosen before the gate, so that a seed whose rows failed it shows no rows instead of
-            # another seed's (a cell, and a finding's seed, never borrow a row of another training seed)
-            e.seed = seed if seed in e.by_seed else e.seeds[0]
+            # another seed's (a cell, and a finding's seed, never borrow a row of another training seed); asked for a
+            # seed it has no row of (``reseeded``: a finding re-tested on another training seed), a fine-tuned
+            # configuration shows none (a part missing on a seed is inconclusive there), a frozen one its own rows
+            # (nothing to seed: the same rows on every training seed)
+            e.seed = seed if seed in e.by_seed else e.seeds[0] if seed is None or e.seeds == [None] else seed
             if gate:
                 e.by_seed = {s: kept for s, rs in e.by_seed.items()
                              if (kept := [r for r in rs if converged(r) is not False])}

@@ -462,6 +462,31 @@ def test_a_seed_whose_row_failed_the_gate_shows_no_rows_instead_of_another_seeds
     assert e0.seed == "0" and [r["run_id"] for r in e0.rows] == ["ntk_32k-t"]
 
 
+def test_a_configuration_missing_on_a_seed_borrows_no_row_there():
+    """NTK-32K has rows on training seeds 0 and 1, PI on seed 0 only (its seed-1 run failed): the seed-1 view shows
+    NTK-32K's seed-1 row and no PI at all (it used to stand in with its seed-0 row, counting one row as both seeds),
+    while frozen configurations (nothing to seed) show their rows on every seed; so a part that needs PI is missing
+    on seed 1, and inconclusive across seeds, with the reason named."""
+    rows = world("paper")
+    rows.append(_reseed(next(r for r in rows if r["run_id"] == "ntk_32k-t"), 1))
+    rs = RowSet(rows, load_spec())
+    s1 = rs.reseeded("1")
+    shown = {e.method for e in rs.for_model("tiny_llama")}
+    assert "pi" in shown and "pi" not in {e.method for e in s1.for_model("tiny_llama")}
+    (ntk,) = [e for e in s1.for_model("tiny_llama") if e.method == "ntk_32k"]
+    assert ntk.seed == "1" and [r["run_id"] for r in ntk.rows] == ["ntk_32k-t-s1"]
+    frozen = {e.method for e in rs.for_model("tiny_llama") if e.frozen}
+    assert frozen and frozen <= {e.method for e in s1.for_model("tiny_llama")}
+    fs, _, per_seed = fd.seeded(rs, "tiny_llama")
+    alone = {f.key: f for f in fd.evaluate(rs, "tiny_llama")[0]}
+    pi_parts = [p for p in alone["a"].parts if p.what.startswith("PI") or " PI" in p.what]
+    assert pi_parts and alone["a"].result == fd.REPRODUCED
+    got = {f.key: f for f in fs}
+    across = [p for p in got["a"].parts if p.ident in {q.ident for q in pi_parts}]
+    assert across and all(p.by_seed["1"] == (fd.INCONCLUSIVE, fd.INCONCLUSIVE) for p in across)
+    assert all(p.final() == fd.INCONCLUSIVE for p in across) and got["a"].result == fd.INCONCLUSIVE
+
+
 def test_a_row_of_an_older_gate_is_superseded_by_its_re_run_under_the_current_gate():
     """PI's row gated by version 1 (passed) and its re-run of the same config under the current gate (failed): the
     old row feeds no cell (else it would stand in for the failed re-run), is named as superseded, and leaves the

@@ -624,6 +624,8 @@ def summary_table(rs: RowSet, paper: Paper, model: str, source: str = "passkey")
         return None
     t.legend = rs.legend(t.entries)
     t.footnotes += rs.footnotes(model)
+    if source == "passkey":
+        t.footnotes += est.same_outcome_notes(rs, t.entries, "passkey", "passkey")
     return t
 
 

@@ -42,6 +42,7 @@ class Est:
     note: str = ""            # why there is no interval
     run_id: str | None = None
     keys: tuple = ()          # which lengths the samples come from (pairing needs the same keys)
+    over: tuple = ()          # a pooled score: the length factors (multiples of C) it pools, as a part names them
 
     @property
     def ci(self):
@@ -141,20 +142,28 @@ def ppl(m: dict, L) -> Est | None:
                "windows", "ppl", x, True)
 
 
-def pooled(ests: list[Est | None]) -> Est | None:
+def pooled(ests: list[Est | None], over=()) -> Est | None:
     """Mean over lengths of a proportion or bounded score, with the interval of the pooled samples (equal n per
-    length: the mean of the per-length means is the pooled mean)."""
+    length: the mean of the per-length means is the pooled mean). ``over``: the length factors of ``ests`` (those
+    that have a value are recorded, ``Est.over``, so that a part names the lengths it pooled)."""
+    over = tuple(f for f, e in zip(over, ests) if e is not None) if over else ()
     ests = [e for e in ests if e is not None]
     if not ests:
         return None
     v = float(np.mean([e.value for e in ests]))
     if any(e.samples is None for e in ests):
-        return Est(v, kind=ests[0].kind, top=ests[0].top, note=next(e.note for e in ests if e.samples is None))
+        return Est(v, kind=ests[0].kind, top=ests[0].top, note=next(e.note for e in ests if e.samples is None),
+                   over=over)
     top = ests[0].top
     est = stats.bounded_interval([e.samples for e in ests], top)
     flat = [s for e in ests for s in e.samples]
     return Est(v, est[1], est[2], len(flat), ests[0].unit, ests[0].kind, flat, all(e.paired for e in ests), top,
-               keys=tuple(k for e in ests for k in e.keys))
+               keys=tuple(k for e in ests for k in e.keys), over=over)
+
+
+def lengths_text(factors) -> str:
+    """Length factors as a part names them: ``C, 2C, 4C``."""
+    return ", ".join("C" if f == 1 else f"{f:g}C" for f in factors)
 
 
 def accuracy_pct(m: dict, L) -> Est | None:
@@ -240,6 +249,32 @@ def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
                               {rec["length"]: x.keys[0]}, rec.get("task"), x.value)
     if ci is not None:
         x.lo, x.hi, x.note = ci[0], ci[1], ""
+
+
+def same_outcomes(rs: RowSet, entries: list[Entry], source: str) -> list[tuple[list[Entry], int]]:
+    """Groups of two or more of ``entries`` whose per-prompt outcomes on ``source`` are identical, prompt by prompt,
+    at every length they were evaluated at, and vary between prompts at one length at least (all right or all wrong
+    at each length says nothing about identity), each with its number of prompts: their lines in a figure and their
+    rows in a table coincide, and a comparison counts them once. Identical outcomes are not identical methods
+    (LM-Infinite and StreamingLLM attend to different keys and decode different text on a few prompts of the tiny
+    study, yet are right and wrong on the same ones): the readers say which coincide, not why."""
+    same: dict = {}
+    for e in entries:
+        fs = lengths_of(rs, e, source)
+        xs = [at(rs, e, source, f) for f in fs]
+        if not xs or any(x is None or x.samples is None or not x.paired for x in xs):
+            continue
+        if all(len(set(x.samples)) < 2 for x in xs):   # the same outcome on every prompt of each length
+            continue
+        same.setdefault(tuple((f, tuple(x.samples)) for f, x in zip(fs, xs)), []).append(e)
+    return [(group, sum(len(x) for _, x in outcomes)) for outcomes, group in same.items() if len(group) > 1]
+
+
+def same_outcome_notes(rs: RowSet, entries: list[Entry], source: str, what: str) -> list[str]:
+    """One line per group of :func:`same_outcomes` for a table's footnotes or a figure's caption."""
+    return [f"{' and '.join(e.label for e in group)}: the same {what} outcome on every one of the {n} prompts (right "
+            f"or wrong, prompt by prompt, at every length), so their lines coincide and one hides the other; "
+            f"the same outcomes, not the same method" for group, n in same_outcomes(rs, entries, source)]
 
 
 def lengths_of(rs: RowSet, e: Entry, source: str) -> list[float]:

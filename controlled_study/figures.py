@@ -265,8 +265,9 @@ def passkey_figure(rs: RowSet, paper: Paper, model: str, out_dir: Path, notes: l
         ax.set_xlabel(f"prompt length (C = {c} tokens)", fontsize=9)
         ax.set_ylabel("passkey accuracy", fontsize=9)
     n = ", ".join(str(x) for x in sorted(n_seen))
+    same = "".join(f"; {line}" for line in est.same_outcome_notes(rs, ents, "passkey", "passkey"))
     _suptitle(fig, f"Passkey retrieval by length ({model}); bars: 95% Wilson intervals, n = {n} prompts per point; "
-              "\u25b2 on the axis: training lengths of the panel's methods")
+              f"\u25b2 on the axis: training lengths of the panel's methods{same}")
     return _save(fig, out_dir, f"passkey_{model}")
 
 

@@ -136,7 +136,8 @@ def _across(results_dir: Path, names: list[str]) -> list[str]:
                 cells.append("\u2014")
                 continue
             holm = f", Holm: {x['holm']}" if x["holm"] and x["holm"] != x["result"] else ""
-            cells.append(f"{x['result']}{holm} ({x['tested']} of {x['parts']} parts)")
+            at = f"; {x['tested_at']}" if x.get("tested_at") else ""
+            cells.append(f"{x['result']}{holm} ({x['tested']} of {x['parts']} parts{at})")
         out.append(f"| ({key}) {claims[key]} | " + " | ".join(cells) + " |")
     return out + [""]
 

@@ -129,3 +129,32 @@ def test_every_method_declares_its_own_colour_and_marker_from_the_palette():
         assert f.color.upper() in PALETTE or k == "base", (k, f.color)   # the base: neutral grey
         assert (f.color.upper(), f.marker) not in seen, (k, seen.get((f.color.upper(), f.marker)))
         seen[(f.color.upper(), f.marker)] = k
+
+
+def test_two_configurations_with_the_same_outcome_on_every_prompt_are_named_where_one_line_hides_the_other(
+        tmp_path, monkeypatch):
+    """StreamingLLM right and wrong on exactly LM-Infinite's prompts at every length (the tiny study's case: different
+    keys attended, a few prompts decoded differently, the same outcomes): the passkey table says so in a footnote
+    and the passkey figure in its caption; a configuration that differs on one prompt is not named."""
+    import copy
+
+    from controlled_study import build, figures
+    from tests.test_findings import world
+
+    rows = world("paper")
+    lm = next(r for r in rows if r["method"] == "lm_infinite")
+    twin = copy.deepcopy(lm)
+    twin.update(run_id="streaming-f", method="streaming_llm")
+    rows.append(twin)
+    rs = RowSet(rows, load_spec())
+    t = build.summary_table(rs, Paper(), "tiny_llama", "passkey")
+    hit = [n for n in t.footnotes if "the same passkey outcome on every one of the 250 prompts" in n]
+    assert len(hit) == 1 and "LM-Infinite" in hit[0] and "StreamingLLM" in hit[0]
+    captions = []
+    monkeypatch.setattr(figures, "_suptitle", lambda fig, text, fontsize=10: captions.append(text))
+    figures.passkey_figure(rs, Paper(), "tiny_llama", tmp_path, [])
+    assert any("the same passkey outcome" in c and "StreamingLLM" in c for c in captions), captions
+    k = next(i for i, v in enumerate(twin["metrics"]["passkey"]["correct"]["512"]) if v in (0, 1))
+    twin["metrics"]["passkey"]["correct"]["512"][k] ^= 1   # one prompt differs: no longer the same outcomes
+    t = build.summary_table(RowSet(rows, load_spec()), Paper(), "tiny_llama", "passkey")
+    assert not [n for n in t.footnotes if "the same passkey outcome" in n]

@@ -38,8 +38,8 @@ def readme_example() -> dict:
 
 
 def checkout_with_the_pair(tmp_path, with_results: bool = True):
-    """A copy of the checkout's tracked files (``with_results``: its committed results too) with the README's method and the in-tree evaluator
-    added, each one ``.py`` file plus one YAML; and the environment that runs it."""
+    """A copy of the checkout's tracked files (``with_results``: its committed results too) with the README's method
+    and the in-tree evaluator added, each one ``.py`` file plus one YAML; and the environment that runs it."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     copy = tmp_path / "repo"
     for rel in tracked.decode().split("\0"):

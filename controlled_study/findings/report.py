@@ -272,7 +272,8 @@ def summary(fs: list[Finding], model: str) -> dict:
     same verdicts): per finding its claim, verdict raw and after Holm, and how many of its parts have an interval."""
     return {"model": model, "findings": [
         {"key": f.key, "claim": f.claim, "result": f.result, "holm": f.holm,
-         "parts": len(f.parts), "tested": sum(1 for p in f.parts if p.ci is not None and not p.why)} for f in fs]}
+         "parts": len(f.parts), "tested": sum(1 for p in f.parts if p.ci is not None and not p.why),
+         **({"tested_at": f.tested_at} if f.tested_at else {})} for f in fs]}
 
 
 def _report(rs: RowSet, model: str | None, paper: Paper | None, source: str) -> tuple[str, dict]:
@@ -302,6 +303,16 @@ def _report(rs: RowSet, model: str | None, paper: Paper | None, source: str) -> 
     return "\n".join(out) + "\n", summary(fs, model)
 
 
+def _documents(ev: Evidence) -> str:
+    """The documents per PPL cell of this study's rows (``documents`` of its PPL entries): "4 documents", "8
+    documents", "4 or 8 documents"."""
+    ns = sorted({int(m["documents"]) for e in ev.entries for r in e.rows
+                 for src in ("ppl_pg19", "ppl_proofpile") if src in ev.rs.spec["sources"]
+                 for k in ev.rs.entry_keys(r, src)
+                 if isinstance(m := r["metrics"][k], dict) and isinstance(m.get("documents"), int)})
+    return (" or ".join(map(str, ns)) + " documents") if ns else "the documents of each cell"
+
+
 def _header(fs: list[Finding], ev: Evidence, model: str, source: str, n_parts: int, n_gated: int, c) -> list[str]:
     """The report's title, model, verdict counts and its rules (verdict, seeds, evidence, gate)."""
     out = ["# Findings of the controlled study, tested on our rows",
@@ -322,12 +333,14 @@ def _header(fs: list[Finding], ev: Evidence, model: str, source: str, n_parts: i
            "reproduced, *inconclusive* otherwise. A group comparison lists every member pair as a part of its own. "
            "*Holm*: the same rule after Holm's step-down correction over every tested part of every finding "
            "(family-wise 5%; each part's p-value inverts its own interval). A Needle score pooled over lengths is "
-           "pooled, in a difference or a group comparison, over the lengths every side was evaluated at. "
+           "pooled, in a difference or a group comparison, over the lengths every side was evaluated at, and each "
+           "such part names them (*pooled over ...*). "
            "Differences are paired (same prompts / documents) where the rows keep per-sample scores: Newcombe's "
            "interval for accuracies; for perplexity "
-           "and NLL over 8 documents, the Student t interval of the mean per-document difference (exponentiated for "
-           "a PPL ratio), chosen by the coverage simulation in `tests/test_stats.py` (the percentile bootstrap "
-           "undercovers at n = 8). *fragile*: a second reasonable interval falls on another side of the margin "
+           f"and NLL over {_documents(ev)}, the Student t interval of the mean per-document difference "
+           "(exponentiated for a PPL ratio), chosen by the coverage simulation in `tests/test_stats.py` at these "
+           "sample sizes (the percentile bootstrap undercovers at n = 4 and n = 8). *fragile*: a second reasonable "
+           "interval falls on another side of the margin "
            "(the BCa bootstrap beside a t interval over documents; the paired bootstrap beside Newcombe's over "
            "prompts). *limited by a ceiling / floor*: an inconclusive difference whose two sides are both at the top "
            "(or both at 0) at half its lengths or more: held there by the scale, not by noise.",
@@ -378,6 +391,7 @@ def _findings_table(rs: RowSet, model: str, fs: list[Finding], gate_off: list[st
                            [_md("not in the verdict: " + p.text(tag=False)) for p in f.controls])
         v = f"**{f.result}**" + (f" ({_md(f.reason + _gated(rs, model, f.reason))})" if f.reason else "")
         v += f"<br>Holm: {f.holm}"
+        v += f"<br>tested: {_md(f.tested_at)}" if f.tested_at else ""
         v += ("<br>read on all rows, gate-failed included" if f.all_rows else f"<br>with gate-failed rows: {off}")
         metric = f.metric + (f". References: {f.reference}" if f.reference else "")
         out.append(f"| ({f.key}) {_md(f.claim)} | {_md(f.evidence)} | {_md(metric)} | {ours} | {_md(f.paper)} | "
@@ -404,8 +418,9 @@ def _duplicates(ev: Evidence) -> list[str]:
     out: list[str] = []
     if ev.duplicates:
         out += ["", "## Duplicate configurations", "",
-                "Configurations with identical per-prompt Needle outcomes at every length are one configuration in "
-                "effect (whatever their names) and are counted once, as the first:", ""]
+                "Configurations with identical per-prompt Needle outcomes at every length give the same evidence "
+                "(whatever their names; the same outcomes, not necessarily the same method) and are counted once, "
+                "as the first:", ""]
         out += [f"- {keep} = {dup} (n = {n} prompts, every outcome the same)"
                 for dup, (keep, n) in sorted(ev.duplicates.items())]
     return out

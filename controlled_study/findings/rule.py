@@ -37,8 +37,8 @@ References follow the paper's protocol: a long-context gain is measured against 
 scores LLaMA2 in 4k chunks; here LM-Infinite, whose attention window is C), a short-context cost against the
 same-data control (the base fine-tuned inside C with the same recipe on the same mixture: the study's mixture is the
 evaluation's own domain, so fine-tuning alone lowers the NLL inside C); each finding states its references
-(``Finding.reference``). Configurations whose per-prompt Needle outcomes are identical at every length are one
-configuration in effect (``Evidence.duplicates``) and are counted once.
+(``Finding.reference``). Configurations whose per-prompt Needle outcomes are identical at every length give the same
+evidence (``Evidence.duplicates``) and are counted once.
 Nothing here is hard-coded but the paper's claims (direction, lengths, methods) and its numbers for comparison.
 """
 from __future__ import annotations
@@ -126,6 +126,7 @@ class Part:
     seed_verdict: str = ""            # the part across seeds: the seeds' common verdict, else inconclusive
     seed_holm: str = ""               # the same after each seed's Holm correction
     seed_only: str = ""               # the part exists on this other training seed only (``seeded``)
+    over: str = ""                    # a pooled score's lengths ("C, 2C"): every pooled part names what it pooled
 
     def verdict(self) -> str:
         if self.ci is None or self.why:
@@ -150,13 +151,14 @@ class Part:
             _side(self.alt, self.direction, self.margin) != self.verdict()
 
     def text(self, tag: bool = True) -> str:
+        what = self.what + (f" (pooled over {self.over})" if self.over else "")
         if self.ci is None:
-            return f"{self.what}: \u2014 ({self.why})" + (f" [seed {self.seed_only} only]" if self.seed_only else "")
+            return f"{what}: \u2014 ({self.why})" + (f" [seed {self.seed_only} only]" if self.seed_only else "")
         d = self.decimals
         sign = "+" if self.margin == 0 else ""
         side = (">" if self.direction > 0 else "<") + f" {self.margin:g}"
         only = f" [seed {self.seed_only} only]" if self.seed_only else ""
-        out = f"{self.what}{only}: {_fmt3(self.ci, d, sign)} (paper: {side})"
+        out = f"{what}{only}: {_fmt3(self.ci, d, sign)} (paper: {side})"
         if tag:
             v = self.verdict()
             out += f" \u2192 {v}" + (f" (limited by a {self.limit})" if self.limit and v == INCONCLUSIVE else "")
@@ -232,6 +234,8 @@ class Finding:
     holm_reason: str = ""
     evidence: str = ""               # the paper's source of the claim -> the evaluator its parts read here
     all_rows: bool = False           # read on every row, gate-failed included (``GATE_QUANTITY``)
+    tested_at: str = ""              # where the rows stop short of the claim's length: what was tested instead and
+    #                                  what was not measured ("PPL at 2C; 8C not measured"), said with the verdict
 
     def decide(self):
         self.result, self.reason = verdict(self.parts)
@@ -267,26 +271,16 @@ class Evidence:
 
     def _duplicates(self) -> dict:
         """{label: (label of the configuration it duplicates, n prompts)} for entries whose per-prompt Needle outcomes
-        are identical, prompt by prompt, at every length they were evaluated at, and vary between prompts at one
-        length at least (all right or all wrong at each length says nothing about identity): one configuration in
-        effect, whatever the method names (LM-Infinite and StreamingLLM with a local window of C). The one kept: a
-        method the paper studied, then the first run."""
+        are identical (``estimates.same_outcomes``): the same evidence, whatever the method names (LM-Infinite and
+        StreamingLLM with a local window of C), counted once. The one kept: a method the paper studied, then the
+        first run."""
         src = self.needle_source
         if src is None:
             return {}
-        same: dict = {}
-        for e in self.entries:
-            fs = est.lengths_of(self.rs, e, src)
-            xs = [est.at(self.rs, e, src, f) for f in fs]
-            if not xs or any(x is None or x.samples is None or not x.paired for x in xs):
-                continue
-            if all(len(set(x.samples)) < 2 for x in xs):   # the same outcome on every prompt of each length
-                continue
-            same.setdefault(tuple((f, tuple(x.samples)) for f, x in zip(fs, xs)), []).append(e)
         out = {}
-        for outcomes, group in same.items():
+        for group, n in est.same_outcomes(self.rs, self.entries, src):
             keep = min(group, key=lambda e: (self.beyond_paper(e), str(e.rows[-1].get("time_start") or "")))
-            out.update({e.label: (keep.label, sum(len(x) for _, x in outcomes)) for e in group if e is not keep})
+            out.update({e.label: (keep.label, n) for e in group if e is not keep})
         return out
 
     def counted(self, e: Entry) -> bool:
@@ -350,7 +344,8 @@ class Evidence:
     def ruler_pooled(self, e: Entry | None):
         if e is None:
             return None
-        return est.pooled([self.ruler(e, f) for f in est.lengths_of(self.rs, e, "ruler")])
+        fs = est.lengths_of(self.rs, e, "ruler")
+        return est.pooled([self.ruler(e, f) for f in fs], fs)
 
     def windows(self, e: Entry | None, f: float):
         """(per-window mean NLLs, their documents) at f x C from a row of ``e`` that scored every window of the books
@@ -382,7 +377,7 @@ class Evidence:
             if o is not None:
                 theirs = set(est.lengths_of(self.rs, o, self.needle_source))
                 lengths = [f for f in lengths if f in theirs]
-        return est.pooled([self.at(e, self.needle_source, f) for f in lengths])
+        return est.pooled([self.at(e, self.needle_source, f) for f in lengths], lengths)
 
     def nll(self, e: Entry):
         p = self.rs.pick(e, "nll", lambda m, r: m if isinstance(m.get("per_doc"), list) and m["per_doc"] else None)
@@ -450,6 +445,7 @@ def _limit(a, b) -> str:
 def part_prop(what: str, a, b, na: str, nb: str, direction: int = 1) -> Part:
     """A difference of two accuracies: Newcombe's interval (``prop_diff``), the bootstrap beside it (paired when
     the prompts are the same) as the second reasonable interval of the fragile check."""
+    over = [x.over for x in (a, b) if x is not None and len(x.over) > 1]  # both sides pool the same ones
     why = _why_est(a, na) or _why_est(b, nb)
     d = None if why else prop_diff(a, b)
     alt = None
@@ -458,7 +454,8 @@ def part_prop(what: str, a, b, na: str, nb: str, direction: int = 1) -> Part:
         alt = stats.bootstrap_diff(a.samples, b.samples, paired)
     return Part(what, d, direction, 0.0, why if d is None and why else ("" if d else "no interval"),
                 at_level=(lambda lv: prop_diff(a, b, lv)) if d else None, alt=alt,
-                alt_name="paired bootstrap" if alt and paired else "bootstrap", limit=_limit(a, b) if d else "")
+                alt_name="paired bootstrap" if alt and paired else "bootstrap", limit=_limit(a, b) if d else "",
+                over=est.lengths_text(over[0]) if over else "")
 
 
 def members(ev: Evidence, left: list, right: list) -> list[Part]:
@@ -479,6 +476,8 @@ def grouped(xs: list, names: list[str]):
         return None, "no interval: per-sample scores missing for " + ", ".join(bad)
     pooled = est.pooled(xs2)
     pooled.paired = False
+    overs = {x.over for x in xs2}
+    pooled.over = overs.pop() if len(overs) == 1 else ()   # the members' lengths, when they pool the same ones
     return pooled, ""
 
 

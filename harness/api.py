@@ -35,7 +35,7 @@ from harness import (
     pipeline,
     plan,
 )
-from harness.conf_utils import checkpoint_config, compose, find_conf, group_defaults, hf_dtype, hub_name
+from harness.conf_utils import checkpoint_config, compose, conf_dirs, find_conf, group_defaults, hf_dtype, hub_name
 from harness.config import ConfigError
 from harness.evals import EVALS
 from harness.methods import METHODS, RECORDS, build_method, yaml_defaults
@@ -128,6 +128,7 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
     of the model's config the method does not apply (a sliding window) is printed. Raises ``ConfigError`` (one line)
     for an unknown method or setting, an impossible value, or a model already extended."""
 
+    check_model(model, "extend")
     if getattr(getattr(model, "harness_method", None), "name", "base") != "base":  # base changes nothing
         raise ConfigError(f"extend: the model is already extended with method {model.harness_method.name!r}; extend a "
                           f"freshly loaded model (methods do not compose)")
@@ -139,14 +140,41 @@ def extend(model, method: str, *, tokenizer=None, native_ctx: int | None = None,
     return model
 
 
+def check_model(model, where: str) -> None:
+    """A loaded transformers model (a ``torch.nn.Module`` with a ``config``), else one ``ConfigError`` line saying
+    what was given (a path: load it first)."""
+    import torch
+
+    if not (isinstance(model, torch.nn.Module) and hasattr(model, "config")):
+        hint = " (a folder or hub id: api.load(path) first, or evaluate(path, ...))" if _is_folder(model) else ""
+        raise ConfigError(f"{where}: model must be a loaded transformers model, got {type(model).__name__} "
+                          f"{str(model)[:80]!r}{hint}")
+
+
+def check_tokenizer(tokenizer, where: str) -> None:
+    """A tokenizer (it encodes and decodes), else one ``ConfigError`` line."""
+    if not (callable(tokenizer) and hasattr(tokenizer, "decode") and not hasattr(tokenizer, "parameters")):
+        raise ConfigError(f"{where}: tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__} "
+                          f"(evaluate(model, tokenizer, ...))")
+
+
 def save(model, folder: str | Path, tokenizer=None) -> dict:
     """Save ``model`` (and ``tokenizer``) to ``folder`` keeping its method (``harness.methods.persist``); returns
-    the method record written into ``config.json`` (``{}`` for a model without one)."""
+    the method record written into ``config.json`` (``{}`` for a model without one). A ``folder`` that is a file is
+    one ``ConfigError`` line (transformers only logs it and saves nothing)."""
+    check_model(model, "save")
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise ConfigError(f"save: {folder} is a file, not a folder (valid: a folder, created if missing)")
     return _save(model, folder, tokenizer)
 
 
 def _folder_cfg(path: str) -> dict:
-    return checkpoint_config(path)
+    try:
+        return checkpoint_config(path)
+    except ConfigError:
+        raise
+    except ValueError as e:  # no such folder or cached hub id: one line naming it
+        raise ConfigError(str(e).splitlines()[0]) from None
 
 
 def load(path: str | Path, *, method: str | None = None, native_ctx: int | None = None, dtype: str | None = None,
@@ -171,8 +199,13 @@ def load(path: str | Path, *, method: str | None = None, native_ctx: int | None 
                           "dtype": dtype or hf_dtype(path), "attn_implementation": attn_implementation},
                          device=device)
     if rec:
+        if rec["name"] not in METHODS or not isinstance(rec.get("params"), dict):
+            raise ConfigError(f"load: {path}/config.json records method {rec['name']!r}, which is no registered method "
+                              f"with settings (valid: {', '.join(METHODS.names())})")
         fields = {f.name for f in dataclasses.fields(METHODS.get(rec["name"]).Args)}
-        m = build_method({k: v for k, v in rec["params"].items() if k in fields})
+        m = build_method({**{k: v for k, v in rec["params"].items() if k in fields}, "name": rec["name"]})
+        m.check(c)  # the recorded settings are checked as a command line's are (an edited record: one line)
+        m.check_data(c)
         if rec.get("applied_by") == "harness":
             pipeline.extend(handle, m)
         else:  # the config carries it: nothing to apply, but the model knows its method (evaluate, save again)
@@ -209,9 +242,19 @@ def evaluate(model, tokenizer=None, *, suite: str | None = None, evaluator: str 
     if suite is not None and settings:
         raise ConfigError(f"evaluate: settings {sorted(settings)} are an evaluator's; with a suite use "
                           f"overrides=['eval.suite.<entry>.<key>=<value>']")
+    if suite is not None and find_conf("eval", str(suite)) is None:
+        raise ConfigError(f"evaluate: unknown suite {suite!r} (valid: the names of conf/eval/*.yaml: "
+                          f"{', '.join(sorted(p.stem for d in conf_dirs() for p in (d / 'eval').glob('*.yaml')))})")
+    if evaluator is not None and evaluator not in EVALS:
+        raise ConfigError(f"evaluate: unknown evaluator {evaluator!r} (valid: {', '.join(EVALS.names())})")
     given = None if _is_folder(model) else model
-    if given is not None and tokenizer is None:
-        raise ConfigError("evaluate: a model object needs its tokenizer (evaluate(model, tokenizer, ...))")
+    if given is not None:
+        check_model(given, "evaluate")
+        if tokenizer is None:
+            raise ConfigError("evaluate: a model object needs its tokenizer (evaluate(model, tokenizer, ...))")
+        check_tokenizer(tokenizer, "evaluate")
+    else:
+        _folder_cfg(str(model))  # a folder (or cached hub id) that exists: else one line naming it
     method_obj = getattr(given, "harness_method", None) if given is not None else None
     rec = record(str(model)) if given is None and os.path.isdir(str(model)) else None
     mname = method_obj.name if method_obj is not None else (rec or {}).get("name", "base")

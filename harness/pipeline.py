@@ -86,6 +86,9 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     check_seed(cfg.get("seed", 0), "seed")
     check_model_files(cfg.model)
     method = build_method(cfg.method)
+    path = str(cfg.model.get("path") or "")
+    if path and os.path.isdir(path):  # a folder tied to a method (fine-tuned, or saved with it): before it loads
+        check_checkpoint_method(path, method)
     attention_args(cfg)
     train = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     train.validate()

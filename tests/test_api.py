@@ -183,3 +183,66 @@ def test_evaluate_a_saved_folder_runs_its_recorded_method(tmp_path, monkeypatch)
     assert row["status"] == "ok" and row["method"] == "self_extend" and row["model"] == "m"
     assert row["method_params"]["window"] == 0.125 and row["method_params"]["group"] == 2
     assert row["model_info"]["attn_implementation"] == "harness_self_extend"
+
+
+@pytest.mark.parametrize("name", ["yarn", "self_extend"])  # a method the config expresses, one the harness applies
+def test_a_saved_folder_is_refused_under_another_method_before_it_loads(name, tmp_path):
+    """``run.py model=hub model.path=<folder> method=base`` on a folder saved with YaRN wrote an ok row labelled
+    ``base`` while the folder's RoPE was YaRN's (the method was in its config): the folder is tied to its recorded
+    method, checked before anything loads (``pipeline.setup``), and another method, or the same one under other
+    settings, is one line naming the folder and the method to ask for."""
+    from harness import pipeline
+    from harness.conf_utils import compose
+
+    model, tok = tiny_like(tmp_path)
+    api.extend(model, name, **({"scale": 4} if name == "yarn" else {}))
+    folder = tmp_path / "saved"
+    api.save(model, folder, tok)
+    base = ["model=hub", f"model.path={folder}", "model.native_ctx=512", "train=none", "eval=quick"]
+    for wrong in ("method=base", f"method={name}" + (" method.scale=8" if name == "yarn" else " method.group=4")):
+        with pytest.raises(ConfigError, match=rf"checkpoint {folder} was trained or saved with method '{name}'.*"
+                                              rf"valid: method={name} with the folder's settings"):
+            pipeline.setup(compose(base + wrong.split()), data=False)
+    right = [f"method={name}"] + (["method.scale=4"] if name == "yarn" else [])
+    pipeline.setup(compose(base + right), data=False)  # its own method, its own settings: accepted
+
+
+def test_load_checks_the_recorded_method(tmp_path):
+    """``api.load`` rebuilds a folder's recorded method with the checks a command line gets: an edited record with an
+    impossible setting (YaRN ``scale: -3``) or an unknown method is one ``ConfigError`` line naming it."""
+    import json
+
+    model, tok = tiny_like(tmp_path)
+    api.extend(model, "yarn", scale=4)
+    folder = tmp_path / "saved"
+    api.save(model, folder, tok)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["harness_method"]["params"]["scale"] = -3
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="scale"):
+        api.load(folder)
+    cfg["harness_method"]["name"] = "no_such_method"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="records method 'no_such_method', which is no registered method"):
+        api.load(folder)
+
+
+def test_the_api_refuses_wrong_types_and_unknown_names_in_one_line(tmp_path):
+    """A path where a model goes, a tokenizer where a model goes, a folder that does not exist, an unknown suite or
+    evaluator, a file as the folder to save to: each one ``ConfigError`` line naming what was wrong (before: an
+    ``AttributeError``, Hydra's multi-line report, a ``FileNotFoundError`` with a machine path, or, for ``save``,
+    nothing at all)."""
+    model, tok = tiny_like(tmp_path)
+    (tmp_path / "file").write_text("x")
+    cases = [(lambda: api.extend(str(tmp_path), "yarn"), "extend: model must be a loaded transformers model, got str"),
+             (lambda: api.evaluate(tok, model, evaluator="passkey"), "evaluate: model must be a loaded transformers"),
+             (lambda: api.evaluate(model, model, evaluator="passkey"), "evaluate: tokenizer must be a transformers"),
+             (lambda: api.evaluate(str(tmp_path / "none"), evaluator="passkey"), "is neither a folder"),
+             (lambda: api.evaluate(model, tok, suite="nosuch"), "evaluate: unknown suite 'nosuch' \\(valid: .*quick"),
+             (lambda: api.evaluate(model, tok, evaluator="nosuch"), "unknown evaluator 'nosuch' \\(valid: .*passkey"),
+             (lambda: api.save(model, tmp_path / "file"), "is a file, not a folder"),
+             (lambda: api.load(tmp_path / "none"), "is neither a folder")]
+    for call, words in cases:
+        with pytest.raises(ConfigError, match=words) as e:
+            call()
+        assert len(str(e.value).splitlines()) == 1, str(e.value)

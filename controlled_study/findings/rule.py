@@ -380,13 +380,23 @@ class Evidence:
         return est.pooled([self.at(e, self.needle_source, f) for f in lengths], lengths)
 
     def nll(self, e: Entry):
-        p = self.rs.pick(e, "nll", lambda m, r: m if isinstance(m.get("per_doc"), list) and m["per_doc"] else None)
+        # a row whose NLLs were not finite (read as missing: None) has no result here: the newest row that has one
+        p = self.rs.pick(e, "nll", lambda m, r: m if numbers(m.get("per_doc")) and numbers(m.get("positions"))
+                         else None)
         if p.value is None:
             q = self.rs.pick(e, "nll", lambda m, r: m if m.get("nll") else None)
             return (None, None), ("per-document NLL by position not in the row" if q.value is not None
                                   else "no NLL-by-position row")
         self.used.setdefault(p.row.get("run_id"), e.label)
         return (p.value, native_ctx(p.row)), ""
+
+
+def numbers(x) -> bool:
+    """A non-empty (nested) list of numbers only: no missing value (a non-finite number read as None)."""
+    if not isinstance(x, list) or not x:
+        return False
+    return all(numbers(v) if isinstance(v, list) else isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in x)
 
 
 def label_of(e: Entry | None, key: str) -> str:

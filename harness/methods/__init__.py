@@ -410,14 +410,37 @@ def save_method(directory: str | Path, method: Method) -> None:
     Path(directory, METHOD_FILE).write_text(json.dumps(checkpoint_params(method.params()), indent=2, sort_keys=True))
 
 
-def check_checkpoint_method(directory: str | Path, method: Method) -> None:
-    """Refuse to use a fine-tuned checkpoint under a method other than the one it was trained with."""
+SAVED_RECORD = "harness_method"  # the config.json key of a folder saved with its method (harness.methods.persist)
+
+
+def saved_method(directory: str | Path) -> dict | None:
+    """The method a checkpoint folder is tied to: its ``method.json`` (a fine-tune's, or a folder whose method
+    transformers cannot express), else the method its ``config.json`` records (``harness.methods.persist.save``:
+    a method transformers expresses, its RoPE already in the config); None for a plain pretrained folder."""
     f = Path(directory, METHOD_FILE)
-    if not f.exists():
-        return  # a pretrained (not fine-tuned) model: any method may be applied
-    saved = checkpoint_params(json.loads(f.read_text()))
+    if f.is_file():
+        return checkpoint_params(json.loads(f.read_text()))
+    c = Path(directory, "config.json")
+    try:
+        rec = json.loads(c.read_text()).get(SAVED_RECORD) if c.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(rec, dict) and isinstance(rec.get("params"), dict):
+        return checkpoint_params({"name": rec.get("name"), **rec["params"]})
+    return None
+
+
+def check_checkpoint_method(directory: str | Path, method: Method) -> None:
+    """Refuse to use a checkpoint folder under a method other than the one it is tied to (:func:`saved_method`: the
+    one it was fine-tuned with, or saved with by ``harness.api.save``), in one line naming the folder and the
+    method to ask for; a plain pretrained folder takes any method."""
+    saved = saved_method(directory)
+    if saved is None:
+        return
     now = json.loads(json.dumps(checkpoint_params(method.params()), sort_keys=True))
+    saved = json.loads(json.dumps(saved, sort_keys=True))
     if saved != now and not method.accepts_checkpoint(saved, directory):
         diff = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
-        raise ConfigError(f"checkpoint {directory} was trained with method {saved.get('name')!r}; "
-                          f"it does not match method {now.get('name')!r}: {diff}")
+        raise ConfigError(f"checkpoint {directory} was trained or saved with method {saved.get('name')!r}; it does "
+                          f"not match method {now.get('name')!r}: {diff} (valid: method={saved.get('name')} with "
+                          f"the folder's settings, or the base checkpoint)")

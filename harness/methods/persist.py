@@ -28,10 +28,10 @@ import json
 import os
 from pathlib import Path
 
-from harness.methods import checkpoint_params, save_method
+from harness.methods import SAVED_RECORD, checkpoint_params, save_method
 from harness.methods.rope import HARNESS_ROPE_TYPES
 
-RECORD = "harness_method"  # the config.json key
+RECORD = SAVED_RECORD  # the config.json key
 MARKER = "{name} is a harness method; load this folder with harness.api.load (plain transformers would not apply it)"
 STOCK_ATTENTION = ("eager", "sdpa", "flex_attention", "harness_causal")  # harness_causal: plain causal, fused
 

@@ -797,3 +797,25 @@ def test_every_pooled_part_names_the_lengths_it_pooled():
     got = {f.key: f for f in fd.evaluate(RowSet(rows, load_spec()), "tiny_llama")[0]}
     (pi_part,) = [p for p in got["b"].parts if "Needle" in p.what and "PI" in p.what]
     assert "(pooled over C, 2C, 4C, 8C)" in pi_part.text(), pi_part.text()
+
+
+def test_a_row_whose_numbers_are_all_nan_leaves_the_findings_to_the_rows_that_have_numbers():
+    """A newer YaRN row whose every number is NaN (read as missing, None, by ``read_row_file``) stopped the whole
+    study's findings with a ``TypeError`` in (l); it now feeds no part, and every verdict is the one without it."""
+    import copy
+
+    rows = world("paper")
+    nan = copy.deepcopy(next(r for r in rows if r["run_id"] == "yarn-t"))
+
+    def missing(o):
+        if isinstance(o, dict):
+            return {k: missing(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [missing(v) for v in o]
+        return None if isinstance(o, (int, float)) and not isinstance(o, bool) else o
+
+    nan.update(run_id="yarn-nan", metrics=missing(nan["metrics"]), time_start="2026-02-01T00:00:00",
+               time_end="2026-02-01T00:00:00")
+    want = [f.result for f in fd.evaluate(RowSet(rows, load_spec()), "tiny_llama")[0]]
+    got = [f.result for f in fd.evaluate(RowSet(rows + [nan], load_spec()), "tiny_llama")[0]]
+    assert got == want

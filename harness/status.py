@@ -73,6 +73,10 @@ def _submission_problem(rec) -> str | None:
     for k in ("sweep", "cluster", "submitit_folder", "submitted"):
         if k in rec and not isinstance(rec[k], (str, type(None))):
             return f"{k} is a {type(rec[k]).__name__}, not a string"
+    if not rec.get("sweep"):
+        return "no sweep (a submission record names the sweep it submitted)"
+    if rec.get("cluster") == "local" and not rec.get("submitit_folder"):
+        return "no submitit_folder (a local submission's job states are read there)"
     for p in rec["points"]:
         for k in ("job_id", "run_dir", "row"):
             if not isinstance(p.get(k), (str, int, type(None))) or isinstance(p.get(k), bool):

@@ -23,7 +23,9 @@ import re
 import sys
 from pathlib import Path
 
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from harness import submit, sweeps
 from harness.config import ConfigError
@@ -117,6 +119,19 @@ def render(overrides: list[str], name: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _bad_override(overrides: list[str]) -> str:
+    """``"<override>: "`` for the first override Hydra's grammar refuses, else ``""``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except HydraException:
+            return f"{o}: "
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="+", help="run.py overrides, e.g. experiment=paper_llama2")
@@ -127,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         text = render(a.overrides, a.name)
     except UnsafeName as e:  # a value no generated line can carry: one line, nothing written
         raise SystemExit(f"render_sbatch: {e}") from None
+    except (HydraException, OmegaConfBaseException, ConfigError) as e:  # an override that does not parse or compose
+        print(f"render_sbatch: {_bad_override(a.overrides) or ''}{str(e).strip().splitlines()[0]} (nothing written)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
     if a.out == "-":
         sys.stdout.write(text)
         return 0

@@ -192,6 +192,33 @@ def test_status_follows_slurm_jobs_or_says_slurm_is_not_there(tmp_path, capsys, 
     assert "slurm not available" in out and "4242_1" in out and "no row" in out
 
 
+@pytest.mark.parametrize("drop", ["sweep", "submitit_folder"])
+def test_status_skips_a_job_record_missing_a_field_with_one_line(tmp_path, capsys, drop):
+    """A submission record without its sweep name (or a local one without its submitit folder) is skipped with one
+    warning naming the file and the field (before: ``KeyError`` out of ``make status``); the rows are still listed."""
+    from harness import status
+
+    res = tmp_path / "results"
+    (res / "jobs").mkdir(parents=True)
+    rec = {"sweep": "s", "cluster": "local", "submitted": "2026-01-01T00:00:00+00:00",
+           "submitit_folder": str(tmp_path / "%j"), "points": [{"job_id": "1", "run_dir": "x", "overrides": []}]}
+    rec.pop(drop)
+    (res / "jobs" / "s.json").write_text(json.dumps(rec))
+    assert status.main([str(res)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s.json" in err[0] and f"no {drop}" in err[0], err
+
+
+def test_render_sbatch_refuses_an_override_hydra_cannot_parse_in_one_line(tmp_path, capsys):
+    """``render_sbatch.py 'method=[yarn'`` (an override Hydra's grammar refuses) is one line naming it and exit 2,
+    not Hydra's traceback."""
+    render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py")
+    with pytest.raises(SystemExit) as e:
+        render_sbatch.main(["experiment=paper_llama2", "method=[yarn", "--out", str(tmp_path / "x.sbatch")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "method=[yarn" in err[0] and "Traceback" not in err[0], err
+
+
 def test_render_sbatch_keeps_the_same_rules(tmp_path):
     render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py")
     with pytest.raises(SystemExit, match="hydra.launcher.nodes=2: a point runs on one node"):

@@ -31,6 +31,7 @@ runs whole on every rank (correct, no faster).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +240,8 @@ def check_lengths(lengths, native_ctx: int, key: str) -> list[int]:
     cap = MAX_EVAL_WINDOWS * int(native_ctx)
     out = []
     for L in lengths or []:
-        if isinstance(L, bool) or not isinstance(L, (int, float)) or L != int(L) or not 1 <= L <= cap:
+        if isinstance(L, bool) or not isinstance(L, (int, float)) or not math.isfinite(L) or L != int(L) or \
+                not 1 <= L <= cap:
             raise ConfigError(f"{key}: {L!r} is not a possible evaluation length (valid: integers 1..{cap} tokens "
                               f"= {MAX_EVAL_WINDOWS} x the native window C = {native_ctx})")
         out.append(int(L))
@@ -286,6 +288,9 @@ def check_suite(suite_cfg, native_ctx: int, data: bool = True, evaluators: list 
         if hasattr(ev, "check"):
             ev.check(native_ctx, where)
         L = max_length(ev)
+        if L < 1:
+            raise ConfigError(f"{where}: no length to evaluate (its lengths and eval.lengths are empty: the row would "
+                              f"measure nothing; valid: a list of lengths, e.g. eval.lengths=[{native_ctx}])")
         if L > MAX_EVAL_WINDOWS * native_ctx:
             raise ConfigError(f"{where}: builds inputs of {L} tokens (valid: up to {MAX_EVAL_WINDOWS * native_ctx} "
                               f"= {MAX_EVAL_WINDOWS} x the native window C = {native_ctx})")

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -101,6 +102,8 @@ def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: 
     is_local = os.path.isdir(path)
     if not is_local and not gguf_file:
         kw["local_files_only"] = os.environ.get("HF_HUB_OFFLINE", "1") == "1"
+    if is_local and not gguf_file:
+        check_weight_files(path)
     try:
         tok = AutoTokenizer.from_pretrained(path, **kw)
         model = AutoModelForCausalLM.from_pretrained(
@@ -108,6 +111,9 @@ def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: 
         )
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if gguf_file:  # the file, and what a reshape or mmap failure of one means
+            raise ConfigError(f"cannot load model from {os.path.join(path, gguf_file)!r}: {first} (a truncated or "
+                              f"damaged GGUF file?)") from None
         raise ConfigError(f"cannot load model from {path!r}: {first}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -115,6 +121,40 @@ def load_pretrained(path: str, dtype: str, attn_implementation: str, gguf_file: 
     if device is not None or device_map is not None:
         model = place(model, device, device_map)
     return model, tok
+
+
+def check_weight_files(folder: str) -> None:
+    """Before transformers reads a local folder's weights: each ``*.safetensors`` file has a readable header (a
+    truncated or empty download is one line naming the file, not safetensors' "incomplete metadata"), and every
+    tensor it holds has the shape ``config.json`` implies (built on the meta device, no weights allocated): a
+    vocabulary or size mismatch is one line naming the file, the tensor and both shapes, not transformers' report."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    shapes: dict = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    shapes[k] = (tuple(h.get_slice(k).get_shape()), f.name)
+        except Exception as e:  # noqa: BLE001 - safetensors' own error type: one line naming the file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"model.path: {f} is not a readable safetensors file ({first}; a truncated or empty "
+                              f"download?)") from None
+    if not shapes:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            want = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(folder)).state_dict().items()}
+    except Exception:  # noqa: BLE001 - a config transformers cannot build: its own load says why
+        return
+    for k, (shape, fname) in shapes.items():
+        if k in want and want[k] != shape:
+            raise ConfigError(f"model.path: {Path(folder) / fname}: {k} is {list(shape)} but config.json implies "
+                              f"{list(want[k])} (a vocabulary or size mismatch between the weights and the config)")
 
 
 def place(model, device, device_map=None):

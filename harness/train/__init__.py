@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from harness.config import AUTOCAST, ConfigError
@@ -76,6 +78,14 @@ class TrainArgs:
             return
         if self.seq_len <= 0:
             raise ConfigError(f"train={self.name}: seq_len must be positive, got {self.seq_len}")
+        for key, value, valid in (("global_batch", self.global_batch, "an integer >= 1 (sequences per step)"),
+                                  ("save_every", self.save_every, "an integer >= 0 (steps; 0 = no checkpoints)"),
+                                  ("weight_decay", self.weight_decay, "a number >= 0"),
+                                  ("tokens", self.tokens, "an integer >= 1")):
+            low = 1 if key in ("global_batch", "tokens") else 0
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or \
+                    (isinstance(value, float) and not math.isfinite(value)):
+                raise ConfigError(f"train.{key}: {value!r} is not {valid}")
         if self.steps() < 1:
             raise ConfigError(f"train={self.name}: {self.tokens} tokens is less than one step of "
                               f"{self.global_batch} x {self.seq_len}")

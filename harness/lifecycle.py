@@ -41,6 +41,11 @@ from harness.train import Terminated
 LOCK_STALE_S = 300.0  # a row lock older than this is a holder that died mid-merge (merges take milliseconds)
 
 
+# the row's fields that name files: made relative to the checkout when a run of it finishes (``Run.finish``), so a
+# committed row carries no machine path (its config's ``paths`` are not hashed and stay as the run resolved them)
+PATH_FIELDS = ("run_dir", "command", "model_info", "train_info")
+
+
 class Run:
     """A started run: its row (a plain dict with the keys of ``results.Row``) and the results directory it goes to.
     Stages record into it; nothing else writes the row."""
@@ -104,6 +109,8 @@ class Run:
         trying to keep the row in the run directory (``<run_dir>/row.json``) when the results directory refuses it."""
         row = self.row
         row["time_end"] = results.now_iso()
+        if Path.cwd().resolve() == results.REPO:  # the checkout's own runs, the ones committed: no machine paths
+            row.update({k: results.portable(row.get(k)) for k in PATH_FIELDS if row.get(k) is not None})
         problems = []
         if error is None:
             row["status"] = "ok"

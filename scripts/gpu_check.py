@@ -436,11 +436,11 @@ def main(argv: list[str] | None = None) -> int:
                      "checks": {}, "methods": {}}
 
     def save() -> None:
-        from harness.results import atomic_write_json
+        from harness.results import atomic_write_json, portable
 
         summary["seconds"] = round(time.time() - t_start, 1)
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out, summary)
+        atomic_write_json(out, portable(summary))  # committed: no machine paths (the checkout's relative)
 
     # 1. device, versions, the hub folder
     skip = {s for s in a.skip.split(",") if s}

@@ -81,3 +81,22 @@ def test_a_truncated_gguf_file_is_one_line_naming_the_file(tmp_path):
     f.write_bytes(b"")
     with pytest.raises(ConfigError, match=f"cannot load model from '{f}'.*truncated or damaged GGUF"):
         load_pretrained(str(tmp_path), "float32", "sdpa", gguf_file=f.name)
+
+
+def test_committed_results_carry_no_machine_paths():
+    """Every JSON file under ``results/`` (rows, the GPU check's records, factor files, the archive) names files
+    relative to the checkout: no absolute path (``scripts/portable_results.py`` rewrote them; a finished run of the
+    checkout records its paths that way, ``lifecycle.PATH_FIELDS``). The check can fail."""
+    from harness.results import REPO, machine_paths, portable
+
+    bad = []
+    for f in sorted((REPO / "results").rglob("*.json")):
+        try:
+            obj = json.loads(f.read_text())
+        except ValueError:
+            continue
+        bad += [f"{f.relative_to(REPO)}: {p}" for p in machine_paths(obj)]
+    assert not bad, bad[:10]
+    assert machine_paths({"run_dir": "/work/x/outputs/run"}) and not machine_paths({"u": "https://a.org/b/c"})
+    assert portable({"run_dir": f"{REPO}/outputs/r", "command": f"/opt/venv/bin/python3 {REPO}/run.py"}) == \
+        {"run_dir": "outputs/r", "command": "python3 run.py"}

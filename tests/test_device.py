@@ -134,10 +134,8 @@ def test_auto_on_cpu_places_on_cpu(results_env):
 
 
 def test_shard_load_puts_the_model_on_the_configured_device(one_fake_gpu, results_env, tmp_path):
-    from harness import shards
+    from harness import pipeline, shards
     from harness.sweeps import compose
-
-    from harness import pipeline
 
     cfg = compose(["method=pi", "train=none", "eval=quick", "device=cuda:0", "+shard=all"])
     ecfg = shards.evaluation_config(cfg, tmp_path)  # the config a sharded job's stages load (api.run's)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import secrets
 import socket
 import subprocess
@@ -162,3 +163,60 @@ def new_row(run_id: str, cfg: dict, names: dict | None, run_dir: str | Path) -> 
 def row_path(results_dir: str | Path, run_id: str) -> Path:
     """``<results_dir>/runs/<run_id>.json`` for a safe ``run_id`` (``harness.safe.safe_file``)."""
     return safe_file(Path(results_dir) / "runs", run_id, ".json", "run_id")
+
+
+# -- machine paths ---------------------------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]  # the checkout: committed results name its files relative to it
+_ABS = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"=:,;()\[\]{}]+)")
+_PYTHON = re.compile(r"^(?:.*/)?python[\d.]*$")
+# a checkout's own top-level entries: in ``any_checkout`` mode the part of a path before the first of them is taken
+# for a checkout's root (the rows of a study run in a git worktree of the repository name that worktree)
+CHECKOUT_TOP = ("outputs", "results", "harness", "controlled_study", "scripts", "benchmarks", "conf", "tests",
+                ".cache", ".venv", "run.py")
+
+
+def portable(value, root: str | Path | None = None, outside: bool = False, any_checkout: bool = False):
+    """``value`` (a row, a record; any JSON value) with machine paths made portable: an absolute path inside the
+    checkout ``root`` (default: this one, ``REPO``; with ``any_checkout``, any folder holding one of the checkout's
+    own entries, ``CHECKOUT_TOP``: another worktree of the repository) relative to it, a Python interpreter's path
+    its name (``python3``); with ``outside``, any other absolute path ``.../<last two parts>`` (what a committed
+    result may keep of a temporary folder). Keys and everything else as they are, so a config's hash never changes
+    where its paths are not hashed (``NOT_IN_CONFIG_HASH``: ``paths``)."""
+    r = str(Path(root or REPO))
+
+    def one(m: re.Match) -> str:
+        p = m.group(0)
+        if p == r:
+            return "."
+        if p.startswith(r + "/"):
+            return p[len(r) + 1:]
+        if _PYTHON.match(p):
+            return Path(p).name
+        parts = [x for x in p.split("/") if x]
+        if any_checkout:
+            i = next((i for i, x in enumerate(parts) if x in CHECKOUT_TOP and i > 0), None)
+            if i is not None:
+                return "/".join(parts[i:])
+        if outside:
+            return ".../" + "/".join(parts[-2:])
+        return p
+
+    if isinstance(value, dict):
+        return {k: portable(v, root, outside, any_checkout) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, root, outside, any_checkout) for v in value]
+    if isinstance(value, str) and "/" in value:
+        return _ABS.sub(one, value)
+    return value
+
+
+def machine_paths(value, where: str = "") -> list[str]:
+    """Every string of ``value`` that holds an absolute path (``<where>.<key>: <path>``): what a committed result
+    must not carry."""
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in machine_paths(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in machine_paths(v, f"{where}[{i}]")]
+    if isinstance(value, str) and _ABS.search(value):
+        return [f"{where}: {_ABS.search(value).group(0)}"]
+    return []

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from harness.config import AUTOCAST, ConfigError

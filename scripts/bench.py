@@ -1,10 +1,15 @@
-"""`make bench`: run every ``benchmarks/bench_*.py`` (each exposes ``run(smoke=False) -> dict``) and write the numbers
-to ``results/bench.json`` (one entry per benchmark file, with the time and machine it ran on).
+"""`make bench`: run the ``benchmarks/bench_*.py`` (each exposes ``run(smoke=False) -> dict``) and write the numbers
+to ``results/bench.json`` (one entry per benchmark file, with the time, the machine's load and the versions it ran
+on). Each is a ratio against a named peer measured in the same process, beside the machine's limit
+(``benchmarks/common.py``).
 
-    python scripts/bench.py                 # all
+    python scripts/bench.py                 # the default set, at most ~15 minutes on the idle 2-core machine
+    python scripts/bench.py --full          # also the benchmarks marked FULL_ONLY (the whole suite's cost, the
+                                            # default run from outside, SmolLM2's passes) and each one's full sizes
     python scripts/bench.py ppl training    # only benchmarks/bench_ppl.py and bench_training.py
-    python scripts/bench.py --smoke         # every benchmark at tiny sizes (seconds each): that none has rotted;
-                                            # nothing written unless --out FILE (tests/test_benchmarks.py)
+    python scripts/bench.py --smoke         # every benchmark at tiny sizes (seconds each): that none has rotted and
+                                            # that each target can fail (a slowed variant fails it); nothing written
+                                            # unless --out FILE (tests/test_benchmarks.py)
 
 Every benchmark takes its model, its native window C and each method's settings from the harness's own builders and
 configs (``load_model``, ``build_method``, the configs' ``ctx_x`` lengths), never from numbers of its own.
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
+import os
 import platform
 import sys
 import time
@@ -23,6 +30,7 @@ from pathlib import Path
 from harness.results import atomic_write_json, hardware, now_iso, versions
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the benchmarks' shared module, benchmarks/common.py
 
 
 def benchmarks(names: list[str] | None = None) -> list[Path]:
@@ -36,6 +44,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("names", nargs="*", help="benchmarks to run (bench_<name>.py); default: all")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: that every benchmark runs (numbers meaningless)")
     ap.add_argument("--out", default="", help="the JSON written (default: results/bench.json; --smoke: none)")
+    ap.add_argument("--full", action="store_true", help="also the FULL_ONLY benchmarks, and full sizes")
     a = ap.parse_args(argv)
     out = Path(a.out) if a.out else (None if a.smoke else ROOT / "results" / "bench.json")
     data = json.loads(out.read_text()) if out is not None and out.exists() else {}
@@ -47,8 +56,14 @@ def main(argv: list[str]) -> int:
         t0 = time.time()
         try:
             spec.loader.exec_module(mod)
-            res = mod.run(smoke=True) if a.smoke else mod.run()
-            entry = {"status": "ok", "results": res}
+            if getattr(mod, "FULL_ONLY", False) and not (a.full or a.smoke or a.names):
+                print(f"bench {name}: skipped (FULL_ONLY: --full or its name)", flush=True)
+                continue
+            load0 = os.getloadavg()[0]
+            kw = {"full": True} if a.full and "full" in inspect.signature(mod.run).parameters else {}
+            res = mod.run(smoke=True) if a.smoke else mod.run(**kw)
+            entry = {"status": "ok", "results": res,
+                     "loadavg_1min": {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)}}
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             entry = {"status": "failed", "error": f"{type(e).__name__}: {e}"}

@@ -81,6 +81,20 @@ def haystack_text(haystack_dir: str = "") -> tuple[str, str]:
     return "\n".join(d.text for d in load_source("shakespeare", "test")), "shakespeare_test"
 
 
+_HAYSTACKS: dict = {}  # (id of the tokenizer, hash of the text) -> (the tokenizer, its ids of the text)
+
+
+def haystack_ids(tokenizer, text: str) -> list[int]:
+    """The haystack's token ids, tokenised once per tokenizer and text in a process (the whole Shakespeare test split
+    is ~0.3 s per call: once per run's entry before, once per unit of a cut suite and per sharded length); the
+    cached entry holds the tokenizer itself, so a new tokenizer at a reused address is never given another's ids."""
+    key = (id(tokenizer), hash(text))
+    hit = _HAYSTACKS.get(key)
+    if hit is None or hit[0] is not tokenizer:
+        hit = _HAYSTACKS[key] = (tokenizer, tokenizer(text, add_special_tokens=False).input_ids)
+    return hit[1]
+
+
 def period_ids(tokenizer) -> set[int]:
     out = set()
     for s in (".", " ."):
@@ -182,7 +196,7 @@ class NeedleInAHaystack:
         """Yield (L, depth, prompt text, insertion index, trimmed context length) for every cell."""
         a = self.args
         text, self.source = haystack_text(a.haystack_dir)
-        base = tokenizer(text, add_special_tokens=False).input_ids
+        base = haystack_ids(tokenizer, text)
         hay = list(base)
         while len(hay) < max(lengths):
             hay += base

@@ -27,6 +27,8 @@ import os
 import subprocess
 import sys
 
+FULL_ONLY = True  # `make bench --full` (or by name): minutes to tens of minutes on 2 cores
+
 CHILD = r"""
 import gc, json, os, resource, threading, time, ctypes
 import torch

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+FULL_ONLY = True  # `make bench --full` (or by name): minutes to tens of minutes on 2 cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -104,3 +104,130 @@ def test_the_documented_lm_eval_command_runs_a_local_task_with_a_method(tmp_path
     assert "local_sums" in r.stdout and "'method': 'pi'" in r.stdout
     results = list((tmp_path / "out").rglob("results_*.json"))
     assert results and "acc,none" in json.loads(results[0].read_text())["results"]["local_sums"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("method=yarn,scael=2", "scael is neither a setting of method=yarn nor an HFLM argument"),
+    ("method=nosuch", "unknown method 'nosuch'"),
+    ("method=yarn,scale=abc", "scale"),
+    ("method=yarn,scale=-3", "scale"),
+    ("method=lm_infinite", "implies no extended window; give max_length"),
+])
+def test_bad_model_args_are_one_line_before_anything_loads(extra, words):
+    """A misspelt setting (it went to HFLM, which ignored it), an unknown method, a non-numeric or out-of-range
+    setting, a method that implies no window: one ``ConfigError`` line each, checked before lm-eval reads a task."""
+    from harness.lmeval import check_model_args, parse_model_args
+
+    with pytest.raises(ConfigError, match=words) as e:
+        check_model_args(parse_model_args(f"pretrained={api.TINY_LLAMA},{extra}"))
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(ConfigError, match="is neither a folder"):
+        check_model_args({"pretrained": "/no/such/folder", "method": "yarn"})
+    with pytest.raises(ConfigError, match="--use_cache with a method"):
+        check_model_args({"pretrained": api.TINY_LLAMA, "method": "pi"}, use_cache=True)
+
+
+def test_max_length_is_the_methods_window():
+    """HFLM's ``max_length`` defaulted to the checkpoint's C (every longer prompt cut from the left): it is the window
+    the method implies, or the one asked for."""
+    from harness.lmeval import check_model_args
+
+    C = 512
+    assert check_model_args({"pretrained": api.TINY_LLAMA, "method": "yarn", "scale": 4})["max_length"] == 4 * C
+    assert check_model_args({"pretrained": api.TINY_LLAMA, "method": "self_extend", "window": 0.25,
+                             "group": 8})["max_length"] == (C - C // 4) * 8 + C // 4
+    assert check_model_args({"pretrained": api.TINY_LLAMA})["max_length"] == C
+    assert check_model_args({"pretrained": api.TINY_LLAMA, "method": "lm_infinite",
+                             "max_length": 3000})["max_length"] == 3000
+
+
+def passkey_task(folder, prompts):
+    """A ``generate_until`` lm-eval task of the given passkey prompts: the first integer of 8 greedy tokens against
+    the pass key (the passkey evaluator's own scoring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pk.jsonl").write_text("".join(json.dumps({"prompt": s["prompt"], "key": str(s["pass_key"])}) + "\n"
+                                             for s in prompts))
+    (folder / "local_passkey.yaml").write_text(
+        f"task: local_passkey\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'pk.jsonl'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: \"{{prompt}}\"\ndoc_to_target: key\n"
+        "target_delimiter: \"\"\n"
+        "generation_kwargs:\n  until: [\"<never-stop>\"]\n  max_gen_toks: 8\n  do_sample: false\n"
+        "filter_list:\n  - name: first_int\n    filter:\n      - function: regex\n        regex_pattern: \"(\\\\d+)\"\n"
+        "      - function: take_first\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    return folder
+
+
+@pytest.mark.integration
+def test_the_readme_recipe_scores_prompts_longer_than_c_as_the_harness_does(tmp_path):
+    """The README's lm-eval recipe (Self-Extend, ``window=0.25,group=8``) on passkey prompts of 2C tokens: lm-eval
+    feeds the whole prompt (max_length is the method's window, said at start) and scores what the harness's own
+    passkey evaluator scores on the same prompts; with ``max_length`` left at C every prompt is cut, in one line
+    each."""
+    from transformers import AutoTokenizer
+
+    from harness.evals.passkey import passkey_samples
+
+    tok = AutoTokenizer.from_pretrained(api.TINY_LLAMA)
+    n, L = 6, 1024
+    prompts = passkey_samples(tok, L, n, seed=0)
+    tasks = passkey_task(tmp_path / "tasks", prompts)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+    def lm_eval(model_args):
+        r = subprocess.run([sys.executable, "-m", "harness.lmeval", "--model", "harness", "--model_args",
+                            model_args, "--tasks", "local_passkey", "--include_path", str(tasks), "--batch_size", "1",
+                            "--output_path", str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (res,) = sorted((tmp_path / "out").rglob("results_*.json"), key=lambda p: p.stat().st_mtime)[-1:]
+        return json.loads(res.read_text())["results"]["local_passkey"]["exact_match,first_int"], r.stderr
+
+    args = f"pretrained={api.TINY_LLAMA},method=self_extend,window=0.25,group=8"
+    acc, err = lm_eval(args)
+    assert "max_length = 3200 tokens (method=self_extend" in err and "is cut to" not in err
+    model, tok2 = api.load(api.TINY_LLAMA, method="self_extend", window=0.25, group=8)
+    row = api.evaluate(model, tok2, evaluator="passkey", lengths=[2], samples=n, results_dir=tmp_path / "rows",
+                       overrides=["autocast=float32"])
+    ours = row["metrics"]["passkey"]["accuracy"][str(L)]
+    assert acc == pytest.approx(ours), (acc, ours)
+    _, err = lm_eval(args + ",max_length=512")
+    assert err.count("a generate_until prompt of") == n and "cut to its last" in err
+
+
+def test_short_context_reads_lm_evals_own_aggregates_for_rolling_and_generation_tasks(tmp_path, monkeypatch):
+    """A ``loglikelihood_rolling`` task (per document a ``(loglik, words)`` pair: it stopped the evaluator, which
+    averaged per-document values as floats) and a ``generate_until`` task: the row reports lm-eval's own aggregate
+    of each (word perplexity, a corpus-level number, unscaled; exact match x100), the same as ``simple_evaluate``."""
+    monkeypatch.chdir(tmp_path)
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness.evals.short_context import contract_lm
+
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "texts.jsonl").write_text("".join(json.dumps({"text": f"The river runs by the town number {i}. "
+                                                                    * 3}) + "\n" for i in range(4)))
+    (folder / "local_rolling.yaml").write_text(
+        f"task: local_rolling\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'texts.jsonl'}\n"
+        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    from transformers import AutoTokenizer as _T
+
+    passkey_task(folder, __import__("harness.evals.passkey", fromlist=["x"]).passkey_samples(
+        _T.from_pretrained(api.TINY_LLAMA), 256, 3, seed=0))
+    model = AutoModelForCausalLM.from_pretrained(api.TINY_LLAMA)
+    tok = AutoTokenizer.from_pretrained(api.TINY_LLAMA)
+    row = api.evaluate(model, tok, evaluator="short_context", tasks=["local_rolling", "local_passkey"],
+                       include_path=str(folder), num_fewshot={}, lengths=[1], overrides=["autocast=float32"])
+    out = row["metrics"]["short_context"]
+    assert row["status"] == "ok" and out["n"] == {"local_rolling": 4, "local_passkey": 3}
+    ref = simple_evaluate(model=contract_lm(model, tok, 1, 512), tasks=["local_rolling", "local_passkey"],
+                          task_manager=TaskManager(include_path=str(folder), include_defaults=False),
+                          bootstrap_iters=0)["results"]
+    assert out["metric"]["local_rolling"] == "word_perplexity"
+    assert out["tasks"]["local_rolling"] == pytest.approx(ref["local_rolling"]["word_perplexity,none"], rel=1e-3)
+    assert out["tasks"]["local_rolling"] > 1  # a perplexity, not scaled as an accuracy
+    assert out["tasks"]["local_passkey"] == pytest.approx(100 * ref["local_passkey"]["exact_match,first_int"], abs=0.01)

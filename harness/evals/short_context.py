@@ -340,21 +340,28 @@ class ShortContext:
 
     @staticmethod
     def _score(t: str, names: list[str], res: dict, out_path: Path):
-        """(score, documents, metric) of our task ``t`` over its lm-eval tasks ``names``: the mean of the
-        per-document metric (x100 when every value lies in [0, 1], as accuracies do); the records go to
-        ``out_path``."""
-        vals, m = [], METRIC.get(t)
+        """(score, documents, metric) of our task ``t`` over its lm-eval tasks ``names``: lm-eval's own aggregated
+        metric of each (``results[name]["<metric>,<filter>"]``: a mean for accuracies, a corpus-level value for
+        perplexity, BLEU, ...), documents-weighted over several names, x100 when every per-document value is a
+        number in [0, 1] (an accuracy); the per-document values go to ``out_path``."""
+        total, n_all, m, unit = 0.0, 0, METRIC.get(t), True
         for name in names:
             samples = res["samples"][name]
             m = METRIC.get(t) or _first_metric(res, name)
-            mine = [float(s[m]) for s in samples]
-            vals += mine
+            agg = (res.get("results") or {}).get(name) or {}
+            key = next((k for k in agg if k.split(",")[0] == m and "stderr" not in k), None)
+            if key is None or not samples:
+                continue
+            mine = [s[m] for s in samples]
+            unit = unit and all(isinstance(v, (int, float)) and 0 <= float(v) <= 1 for v in mine)
+            total += float(agg[key]) * len(samples)
+            n_all += len(samples)
             write_jsonl(out_path, [{"task": t, "lm_eval_task": name, "doc_id": s["doc_id"],
-                                    "target": str(s.get("target")), m: v,
+                                    "target": str(s.get("target")),
+                                    m: float(v) if isinstance(v, (int, float)) else list(v),
                                     "loglikelihoods": [float(r[0]) for r in s.get("filtered_resps", [])
                                                        if isinstance(r, (list, tuple))]}
                                    for s, v in zip(samples, mine)])
-        if not vals:
+        if not n_all:
             return None, 0, m
-        scale = 100 if all(0 <= v <= 1 for v in vals) else 1
-        return round(scale * sum(vals) / len(vals), 2), len(vals), m
+        return round((100 if unit else 1) * total / n_all, 2), n_all, m

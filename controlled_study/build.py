@@ -633,6 +633,50 @@ def summary_tables(rs: RowSet, paper: Paper, model: str) -> list[Table]:
     return [t for t in (summary_table(rs, paper, model, "passkey"), summary_table(rs, paper, model, "ppl_pg19")) if t]
 
 
+def effective_length_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
+    """RULER's headline: each configuration's effective length on the RULER-style tasks and on NIAH
+    (``estimates.effective_length``): at RULER's bar (85.6, LLaMA2-7B's score at 4k) and, since a small model rarely
+    reaches it, at the frozen base's own score at C (the longest length at or above what the base does inside its
+    window)."""
+    ents = sorted(rs.for_model(model), key=lambda e: _summary_order(rs, paper, e))
+    ran = [s for s in ("ruler", "niah") if s in rs.spec["sources"] and any(est.lengths_of(rs, e, s) for e in ents)]
+    floors = {s: est.floor(rs, model, s) for s in ran}
+    sources = [s for s in ran if floors[s].measurable]   # a score at its floor has no length to speak of
+    if not sources:
+        return None
+    base = next((e for e in ents if e.method == "base" and e.frozen), None)
+    refs = {}
+    for s in sources:
+        x = est.at(rs, base, s, 1.0) if base is not None else None
+        refs[s] = 100.0 * x.value / (x.top or 1.0) if x is not None and x.value else None  # the base at C
+    names = {"ruler": "RULER-style", "niah": "NIAH"}
+    cols = ["Method", "Training"]
+    for s in sources:
+        cols += [f"{names[s]} >= {est.RULER_THRESHOLD:g}"] + ([f"{names[s]} >= base at C "
+                                                              f"({refs[s]:.1f})"] if refs[s] is not None else [])
+    t = Table(f"effective_length_{model}", f"Effective context length ({model}): RULER's rule", cols, label_cols=2,
+              notes=[f"C = {ents[0].native_ctx} tokens. Effective length: the longest evaluated length up to which "
+                     f"every evaluated length scores at least the bar, on the point scores (RULER's rule); "
+                     f"'>= L': every length tested passes (L, the longest tested, is a floor); '< L': even the "
+                     f"shortest fails. Bars: RULER's {est.RULER_THRESHOLD:g} (LLaMA2-7B at 4k), and the frozen "
+                     f"base's own score at C (a small model rarely reaches RULER's). Scores in % of each "
+                     f"evaluator's scale; sample sizes: the RULER and NIAH tables."]
+              + [f"{names[s]}: not measurable at this scale ({floors[s].reason}): no effective length."
+                 for s in ran if s not in sources])
+    for e in ents:
+        cells = []
+        for s in sources:
+            for bar in ([est.RULER_THRESHOLD] + ([refs[s]] if refs[s] is not None else [])):
+                cells.append(Cell(text=est.effective_text(est.effective_length(rs, e, s, bar))))
+        if all(c.text == "\u2014" for c in cells):
+            continue
+        t.add([e.label, _training(e)], cells, e)
+    if not t.rows:
+        return None
+    t.legend = rs.legend(t.entries)
+    return t
+
+
 def extended_sources(rs: RowSet) -> list[tuple[str, str]]:
     """``(source, column title)`` of every source whose evaluator declares a column of the 2024-benchmarks table
     (``extended``), in ``spec.yaml`` order."""
@@ -745,7 +789,7 @@ def build_tables(rs: RowSet, paper: Paper, errors: list | None = None) -> list[T
     ``errors``) and skipped, so one malformed row never blocks the other tables."""
     out = []
     for model in rs.models():
-        for b in BUILDERS + (ruler_subtask_tables, summary_tables, extended_table, cost_table):
+        for b in BUILDERS + (ruler_subtask_tables, summary_tables, effective_length_table, extended_table, cost_table):
             try:
                 t = b(rs, paper, model)
             except Exception as ex:  # noqa: BLE001 - reported, not hidden

@@ -251,6 +251,38 @@ def _from_records(rs: RowSet, p, source: str, x: Est) -> None:
         x.lo, x.hi, x.note = ci[0], ci[1], ""
 
 
+RULER_THRESHOLD = 85.6  # RULER's effective-length bar: LLaMA2-7B's (chat) RULER score at 4k, in % (NVIDIA/RULER README)
+
+
+def effective_length(rs: RowSet, e: Entry, source: str, threshold: float) -> dict | None:
+    """RULER's effective length of ``e`` on ``source`` (``ruler`` or ``niah``, scores as % of their scale): the
+    longest evaluated length up to which every evaluated length scores at least ``threshold`` (RULER's rule on its
+    point scores), as a factor of C. ``{"factor": f, "at_least": True}`` when every length passes (the longest
+    tested is a floor, not the effective length), ``{"factor": None, ...}`` when even the shortest fails; with the
+    scores read and the lengths tested. None without a score."""
+    fs = lengths_of(rs, e, source)
+    xs = [(f, at(rs, e, source, f)) for f in fs]
+    xs = [(f, 100.0 * x.value / (x.top or 1.0)) for f, x in xs if x is not None and x.value is not None]
+    if not xs:
+        return None
+    best = None
+    for f, v in xs:
+        if v < threshold:
+            break
+        best = f
+    return {"factor": best, "at_least": best is not None and best == xs[-1][0], "threshold": threshold,
+            "tested": [f for f, _ in xs], "scores": [round(v, 1) for _, v in xs]}
+
+
+def effective_text(r: dict | None) -> str:
+    """``2C``, ``>= 16C`` (every length passes: the longest tested), ``< C`` (the shortest fails), or a dash."""
+    if r is None:
+        return "\u2014"
+    if r["factor"] is None:
+        return f"< {r['tested'][0]:g}C"
+    return (">= " if r["at_least"] else "") + f"{r['factor']:g}C"
+
+
 def same_outcomes(rs: RowSet, entries: list[Entry], source: str) -> list[tuple[list[Entry], int]]:
     """Groups of two or more of ``entries`` whose per-prompt outcomes on ``source`` are identical, prompt by prompt,
     at every length they were evaluated at, and vary between prompts at one length at least (all right or all wrong

@@ -98,7 +98,45 @@ def flatten(row: dict, study: str | None = None) -> list[dict]:
                 scores["average"] = (entry["average"], None)
             for name, (value, n) in scores.items():
                 out.append(_line(base, key, evaluator, name, "length", budget, value, None, None, n, c))
+        if evaluator in EFFECTIVE and c:
+            out += _effective(base, key, evaluator, entry, c)
     return out
+
+
+# the evaluators whose rows get RULER's effective length (``controlled_study.estimates.effective_length``), and the
+# 0..100 scale their headline metric is read on
+EFFECTIVE = {"ruler": ("average", 1.0), "niah": ("score", 100.0)}
+
+
+def _effective(base: dict, key: str, evaluator: str, entry: dict, c: int) -> list[dict]:
+    """RULER's effective length of this row's entry at RULER's bar (85.6; ``estimates.RULER_THRESHOLD``): the
+    longest length up to which every evaluated length scores at least the bar: one line, metric
+    ``effective_length@85.6`` (``effective_length_at_least@85.6`` when every length passes: the longest tested is a
+    floor), ``x`` = ``length`` = ``value`` = that length in tokens (empty when even the shortest fails)."""
+    from controlled_study.estimates import RULER_THRESHOLD
+
+    metric, scale = EFFECTIVE[evaluator]
+    s = entry.get(metric)
+    if not _by_length(s):
+        return []
+    best, passed_all = None, True
+    for L in sorted(s, key=int):
+        if scale * float(s[L]) < RULER_THRESHOLD:
+            passed_all = False
+            break
+        best = int(L)
+    name = ("effective_length_at_least" if passed_all else "effective_length") + f"@{RULER_THRESHOLD:g}"
+    return [_line(base, key, evaluator, name, "length", best, best, None, None, None, c)]
+
+
+# the data dictionary's types (docs/export.md), as pandas' nullable dtypes: an integer column with a missing value
+# stays an integer column (pandas would make it float)
+TYPES = {**{k: "string" for k in ("run_id", "status", "study", "suite", "model", "method", "row", "method_params",
+                                  "data", "train", "seed", "entry", "evaluator", "metric", "axis", "config_hash",
+                                  "git_sha", "time_end")},
+         **{k: "Int64" for k in ("eval_seed", "native_ctx", "x", "length", "n")},
+         **{k: "Float64" for k in ("length_over_c", "value", "ci_low", "ci_high")},
+         "converged": "boolean"}
 
 
 def _num(v) -> bool:
@@ -118,7 +156,7 @@ def frame(results_dir: str | Path):
 
     lines = [line for study in [None, *studies(results_dir)] for row in read_rows(results_dir, study)
              for line in flatten(row, study)]
-    return pd.DataFrame(lines, columns=list(COLUMNS))
+    return pd.DataFrame(lines, columns=list(COLUMNS)).astype(TYPES)
 
 
 def write(results_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

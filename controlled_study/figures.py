@@ -59,8 +59,13 @@ from harness.methods import METHODS
 from harness.results import atomic_write
 from harness.safe import safe_file
 
-# Paul Tol's "muted" qualitative palette: nine colours told apart under the common colour-vision deficiencies
-PALETTE = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499")
+# one colour per method (its facts declare it): Paul Tol's "muted" nine, his "bright" and "vibrant" sets' other
+# colours, and two more, so that no two methods drawn in one panel share a colour (22 methods and a variant; the
+# marker and the line style tell configurations of one method apart). A method without facts of its own (a
+# plugin) gets a pair of ``PALETTE`` x ``MARKERS`` fixed by its name.
+PALETTE = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499",
+           "#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#EE7733", "#0077BB", "#33BBEE",
+           "#EE3377", "#CC3311", "#009988", "#8C564B", "#7F3C8D")
 MARKERS = ("o", "s", "D", "^", "v", "P")       # the second, third, ... pass through the palette
 LINESTYLES = ("-", "--", ":", "-.")            # configurations of one method: the first, the second, ...
 HEATMAP = "viridis"                              # perceptually uniform, colour-blind safe

@@ -97,3 +97,33 @@ def test_columns_for_the_study_the_suite_and_the_method_parameters(tmp_path):
     assert (by.loc["s1", "suite"], by.loc["l1", "suite"]) == ("tiny", "quick")
     assert json.loads(by.loc["s1", "method_params"]) == {"factor": 16.0, "name": "yarn"}
     assert list(df.columns) == list(COLUMNS)
+
+
+def test_the_parquet_columns_have_the_types_the_data_dictionary_states(tmp_path):
+    """Each column of ``results.parquet`` has the Arrow type its row of docs/export.md names (integer columns with a
+    missing value stayed integers: pandas made ``x``, ``length`` and ``n`` floats), and a RULER row carries RULER's
+    effective length."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    from controlled_study import export
+
+    doc = (ROOT / "docs" / "export.md").read_text().split("## Columns", 1)[1]
+    stated = {re.fullmatch(r"\s*`([a-z_]+)`\s*", r[0]).group(1): r[1].strip() for r in
+              (ln.split("|")[1:-1] for ln in doc.splitlines() if ln.startswith("| `"))}
+    row = _row("r", "m", {**METRICS, "ruler": {"average": {"256": 90.0, "512": 87.0, "1024": 40.0}}})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "r.json").write_text(json.dumps(row))
+    (path,) = [p for p in export.write(tmp_path) if p.suffix == ".parquet"]
+    schema = pq.read_schema(path)
+    arrow = {"integer": "int64", "float": "double", "bool": "bool", "string": "string"}
+    for col, typ in stated.items():
+        want = next(v for k, v in arrow.items() if typ.startswith(k) or typ.startswith(k.replace("ing", "")))
+        assert str(schema.field(col).type) in (want, "large_string" if want == "string" else want), (col, typ)
+    import pandas as pd
+
+    df = pd.read_parquet(path)
+    eff = df[df["metric"] == "effective_length@85.6"]
+    assert list(eff["value"]) == [512] and list(eff["x"]) == [512] and list(eff["entry"]) == ["ruler"]

@@ -549,3 +549,29 @@ def test_cost_table_lists_every_run_with_its_stages(tmp_path):
     y = cells[("YaRN", "1")]
     assert y[t.header.index("train s")].text == "500" and y[t.header.index("run s")].text == "600"
     assert "fine-tuning 0.39 h" in t.footnotes[-1] and "evaluation 0.07 h" in t.footnotes[-1]
+
+
+def test_effective_length_follows_rulers_rule_and_says_when_it_is_a_floor(tmp_path):
+    """RULER's effective length: the longest length up to which every length scores at least the bar. RULER
+    averages 90, 87, 80, 95 at C..8C give 2C at 85.6 (a later pass does not count), all above give '>= 8C' (a
+    floor), the first below gives '< 1C'; the table has a column at RULER's bar and one at the base's own score at
+    C, and a row for every configuration with RULER rows."""
+    from controlled_study import build
+    from controlled_study import estimates as est
+    from controlled_study.paper import Paper
+
+    rows = []
+    for m, avg in (("base", (99, 90, 70, 60)), ("yarn", (90, 87, 80, 95)), ("pi", (99, 99, 98, 97)),
+                   ("clex", (50, 90, 90, 90))):
+        r = make_row(tmp_path, f"{m}-row", m, train="none" if m == "base" else "tiny", suites=("ruler",))
+        L = sorted(r["metrics"]["ruler"]["average"], key=int)[:4]
+        r["metrics"]["ruler"]["average"] = {x: float(a) for x, a in zip(L, avg)}
+        rows.append(r)
+    rs = RowSet(rows, load_spec())
+    got = {e.method: est.effective_text(est.effective_length(rs, e, "ruler", est.RULER_THRESHOLD))
+           for e in rs.for_model("tiny_llama")}
+    assert got == {"base": "2C", "yarn": "2C", "pi": ">= 8C", "clex": "< 1C"}, got
+    t = build.effective_length_table(rs, Paper(), "tiny_llama")
+    assert t is not None and [c for c in t.header if c.startswith("RULER")] == [
+        "RULER-style >= 85.6", "RULER-style >= base at C (99.0)"]
+    assert {r[0] for r in t.rows} >= {"YaRN", "PI", "CLEX"}

@@ -191,10 +191,29 @@ def test_the_readme_recipe_scores_prompts_longer_than_c_as_the_harness_does(tmp_
                        overrides=["autocast=float32"])
     ours = row["metrics"]["passkey"]["accuracy"][str(L)]
     assert acc == pytest.approx(ours), (acc, ours)
-    _, err = lm_eval(args + ",max_length=512")
-    assert err.count("a generate_until prompt of") == n and "cut to its last" in err
 
 
+def test_every_prompt_lm_eval_cuts_is_one_line(capsys):
+    """With ``max_length`` at C, a 2C passkey prompt is cut from the left by lm-eval: one line says so, for a
+    generation request and a loglikelihood one."""
+    from lm_eval.api.instance import Instance
+    from transformers import AutoTokenizer
+
+    from harness import lmeval
+    from harness.evals.passkey import passkey_samples
+
+    cls = lmeval.register()
+    lm = cls(pretrained=api.TINY_LLAMA, method="self_extend", window=0.25, group=8, max_length=512, batch_size=1)
+    (s,) = passkey_samples(AutoTokenizer.from_pretrained(api.TINY_LLAMA), 1024, 1, seed=0)
+    lm.generate_until([Instance("generate_until", {}, (s["prompt"], {"until": ["<x>"], "max_gen_toks": 2}), 0)],
+                      disable_tqdm=True)
+    lm.loglikelihood([Instance("loglikelihood", {}, (s["prompt"], " 1"), 0)], disable_tqdm=True)
+    err = capsys.readouterr().err
+    assert "max_length = 512 tokens (method=self_extend" in err
+    assert "a generate_until prompt of" in err and "a loglikelihood prompt of" in err and "cut to its last" in err
+
+
+@pytest.mark.integration  # lm-eval's simple_evaluate, called here directly, starts a process for its environment info
 def test_short_context_reads_lm_evals_own_aggregates_for_rolling_and_generation_tasks(tmp_path, monkeypatch):
     """A ``loglikelihood_rolling`` task (per document a ``(loglik, words)`` pair: it stopped the evaluator, which
     averaged per-document values as floats) and a ``generate_until`` task: the row reports lm-eval's own aggregate

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from controlled_study.estimates import RULER_THRESHOLD
 from controlled_study.rows import converged, method_key, native_ctx, training_seed
 from harness.results import atomic_write, read_rows, studies, study_of
 
@@ -113,8 +114,6 @@ def _effective(base: dict, key: str, evaluator: str, entry: dict, c: int) -> lis
     longest length up to which every evaluated length scores at least the bar: one line, metric
     ``effective_length@85.6`` (``effective_length_at_least@85.6`` when every length passes: the longest tested is a
     floor), ``x`` = ``length`` = ``value`` = that length in tokens (empty when even the shortest fails)."""
-    from controlled_study.estimates import RULER_THRESHOLD
-
     metric, scale = EFFECTIVE[evaluator]
     s = entry.get(metric)
     if not _by_length(s):

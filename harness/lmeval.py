@@ -191,8 +191,6 @@ def _arg(argv: list[str], flag: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m harness.lmeval <lm-eval arguments>``: lm-eval's command line with the model registered; with
     ``--model harness``, its ``--model_args`` checked first (one line and exit 2 for a bad one)."""
-    from harness.config import ConfigError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if _arg(argv, "--model") == MODEL_NAME:
         try:

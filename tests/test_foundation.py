@@ -61,7 +61,7 @@ def test_pi_matches_transformers_linear():
 def test_checkpoint_method_mismatch_refused(tmp_path):
     save_method(tmp_path, build_method({"name": "pi", "scale": 8}))
     check_checkpoint_method(tmp_path, build_method({"name": "pi", "scale": 8}))
-    with pytest.raises(ConfigError, match="trained with method 'pi'"):
+    with pytest.raises(ConfigError, match="trained or saved with method 'pi'"):
         check_checkpoint_method(tmp_path, build_method({"name": "base"}))
     with pytest.raises(ConfigError, match="does not match"):
         check_checkpoint_method(tmp_path, build_method({"name": "pi", "scale": 4}))

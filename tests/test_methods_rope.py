@@ -520,7 +520,7 @@ def test_clex_weights_saved_and_reloaded(tmp_path):
     meth2.apply(ModelHandle(loaded, None, "random", C, {"path": str(tmp_path)}))
     assert meth2.loaded_weights
     torch.testing.assert_close(rope_at(loaded, 3 * C)[0], trained)
-    with pytest.raises(ConfigError, match="trained with method"):
+    with pytest.raises(ConfigError, match="trained or saved with method"):
         check_checkpoint_method(tmp_path, build_method({"name": "clex", "time_dt": 0.5, "max_factor": 8}))
 
 

@@ -111,12 +111,19 @@ def _groups(lengths: list[int], at: dict, by_length: bool) -> list[list[int]]:
     return groups
 
 
-def merge_outputs(a, b):
-    """The outputs of one entry's units (disjoint lengths) as one: dicts merged key by key, anything else from
-    ``b``."""
+# the work accounting an evaluator sums over its lengths (prompt tokens a PrefixCache did not encode again, those it
+# encoded, decoding time): the units' values add up
+ADDITIVE = ("tokens_reused", "tokens_encoded", "generation_seconds")
+
+
+def merge_outputs(a, b, key: str | None = None):
+    """The outputs of one entry's units (disjoint lengths) as one: dicts merged key by key, the ``ADDITIVE`` counts
+    summed, anything else from ``b``."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = dict(a)
         for k, v in b.items():
-            out[k] = merge_outputs(out[k], v) if k in out else copy.deepcopy(v)
+            out[k] = merge_outputs(out[k], v, k) if k in out else copy.deepcopy(v)
         return out
+    if key in ADDITIVE and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):
+        return round(a + b, 2) if isinstance(a + b, float) else a + b
     return copy.deepcopy(b)

@@ -693,11 +693,13 @@ def extended_table(rs: RowSet, paper: Paper, model: str) -> Table | None:
     if not cols:
         return None
     floors = {src: est.floor(rs, model, src) for src, _ in extended}
-    t = Table(f"extended_{model}", f"Measured here: BABILong, HELMET recall, LongBench v2 ({model})",
+    shown = [(src, lab) for src, lab in extended if any(c[0] == src for c in cols)]
+    what = "; ".join(f"{lab}: {est.spec(rs, src).extended_note}" for src, lab in shown
+                     if est.spec(rs, src).extended_note)
+    t = Table(f"extended_{model}", f"Measured here: {', '.join(lab for _, lab in shown)} ({model})",
               ["Method", "Training"] + [f"{lab} {f:g}C" for _, lab, f in cols], label_cols=2,
-              notes=[f"C = {ents[0].native_ctx} tokens; ours only, each cell with its 95% interval. BABILong: mean "
-                     "accuracy over qa1-qa5; HELMET recall: mean of json_kv and RULER MK-2/MK-3/MV; LongBench v2: "
-                     "accuracy (%). Every score 0..100."])
+              notes=[f"C = {ents[0].native_ctx} tokens; ours only, each cell with its 95% interval. {what}. Every "
+                     "score 0..100."])
     for e in ents:
         cells = []
         for src, _, f in cols:

@@ -41,6 +41,14 @@ EVAL_FRAGMENTS = (
     # HELMET JSON key-value
     "Extract the value corresponding to the specified key",
     "Corresponding value:",
+    # HELMET's RAG, re-ranking, citation, long-document QA and summarisation templates
+    "Use the given documents to write a concise and short answer to the question",
+    "Rank each document based on their relevance to the question",
+    "using only the provided search results (some of which might be irrelevant) and cite them properly",
+    "Answer the question as concisely as you can, using a single phrase if possible",
+    "Choose the best answer from the options provided",
+    "You are given a book and you are tasked to summarize it",
+    "tasked to summarize the case",
     # LongBench v2
     "Please read the following text and answer the question below",
     "The correct answer is (insert answer here)",

@@ -70,6 +70,7 @@ def test_bad_device_is_one_config_error_before_loading(monkeypatch):
     from harness.config import ConfigError
     from harness.sweeps import compose
 
+    models.MODELS.names()  # every model module imported first: they bind load_pretrained when imported
     monkeypatch.setattr(models, "load_pretrained", lambda *a, **k: pytest.fail("the model was loaded"))
     cfg = compose(["train=none", "eval=quick", "device=gpu0"])
     with pytest.raises(ConfigError) as e:

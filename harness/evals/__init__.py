@@ -59,6 +59,7 @@ class Spec:
     #                               .floor), in its own units: the frozen base below threshold at C, every method at
     #                               most chance everywhere, or at least ceiling everywhere
     extended: str | None = None   # its column in the 2024-benchmarks table (controlled_study.build.extended_table)
+    extended_note: str | None = None  # what that column's number is, for the table's notes
     by_length: bool | Callable[[Any], bool] = False  # its lengths are computed independently (seeds per length): the
     #                               shards may split it into one shard per length and merge the outputs exactly
     #                               (harness.shards); or a function of its Args saying so (``splits``)

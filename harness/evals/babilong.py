@@ -362,6 +362,7 @@ class Babilong:
         records={"length": "length", "task": "task", "score": ("score", "correct")},  # samples/babilong.jsonl fields
         floor={"threshold": 50, "chance": 0.0, "ceiling": 100},  # the tables' floor rule, 0..100
         extended="BABILong",  # its column in the 2024-benchmarks table
+        extended_note="mean accuracy over qa1-qa5",  # its line in that table's notes
         generates=True,  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
         data_parallel=True)  # prompts decoded through ctx.map (each task x length)
 

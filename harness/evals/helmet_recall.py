@@ -41,8 +41,6 @@ the average (``ci``, ``harness.stats.bounded_interval`` over the tasks as strata
 from __future__ import annotations
 
 import random
-import re
-import string
 import uuid
 from dataclasses import dataclass, field
 
@@ -58,6 +56,7 @@ from harness.evals import (
     write_jsonl,
 )
 from harness.evals.common import PrefixCache, reuse_order
+from harness.evals.helmet import normalize_answer, parse_output
 from harness.evals.ruler_data import DoesNotFit, RulerGenerator, largest_fitting
 from harness.evals.templates import (
     HELMET_JSON_KV_DEMO,
@@ -75,28 +74,9 @@ GEN_TOKENS = {"json_kv": 100, "ruler_niah_mk_2": 50, "ruler_niah_mk_3": 100, "ru
 
 
 # --- metrics (HELMET utils.py / data.py) ----------------------------------------------------------------------------
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lower -> drop punctuation -> articles to spaces -> collapse whitespace."""
-    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
 def substring_exact_match(prediction: str, answers) -> bool:
     answers = [answers] if isinstance(answers, str) else answers
     return max(normalize_answer(a) in normalize_answer(prediction) for a in answers)
-
-
-def parse_output(output: str, prefix: str = "Answer:") -> str | None:
-    """The text after ``prefix`` up to the end of its line, else the first line; ``prefix`` stripped again."""
-    def strip_prefix(s):
-        return re.sub(f"^{re.escape(prefix)}", "", s, flags=re.IGNORECASE)
-
-    for pat in (re.compile(f"(?:{prefix})(.*)(?:\n|$)", flags=re.IGNORECASE), re.compile(r"(?:^)(.*)(?:\n|$)")):
-        m = pat.search(output)
-        if m is not None:
-            return strip_prefix(m[1].strip()).strip()
-    return None
 
 
 def json_kv_score(prediction: str, answer: str) -> float:
@@ -172,6 +152,7 @@ class HelmetRecall:
         records={"length": "length", "task": "task", "score": ("score",)},  # samples/helmet_recall.jsonl fields
         floor={"threshold": 50, "chance": 0.0, "ceiling": 100},  # the tables' floor rule, 0..100
         extended="HELMET recall",  # its column in the 2024-benchmarks table
+        extended_note="mean of json_kv and RULER MK-2/MK-3/MV",  # its line in that table's notes
         generates=True)  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     def count_prompts(self, lengths, limit):

@@ -132,6 +132,7 @@ class LongBenchV2:
         records={"length": "length", "score": ("score",)},  # samples/longbench_v2.jsonl fields
         floor={"threshold": 25, "chance": 25, "ceiling": 100},  # four choices: 25% is chance
         extended="LongBench v2",  # its column in the 2024-benchmarks table
+        extended_note="accuracy (%)",  # its line in that table's notes
         generates=True)  # decodes with the KV cache of the whole prompt (memory check: harness.models.check_fits)
 
     def count_prompts(self, lengths, limit):

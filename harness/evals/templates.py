@@ -170,6 +170,42 @@ HELMET_JSON_KV_DEMO = "Key: {key}\nCorresponding value:{value}"
 # load_ruler: user template + "\n" + system template (RULER's answer prefix on its own line, no leading space).
 HELMET_PROMPT_JOIN = "\n"
 
+# --- HELMET's other categories (princeton-nlp/HELMET data.py; harness.evals.helmet) ---------------------------------
+# RAG (load_qa): the user template with its demos and passages, the answer prefix on its own line
+HELMET_RAG_USER = ("Use the given documents to write a concise and short answer to the question. Write your answer "
+                   "in the following format:\nAnswer: [answer]\n\n{demos}{context}\n\nQuestion: {question}")
+HELMET_RAG_DEMO = "{documents}\n\nQuestion: {question}\nAnswer: {answer}"
+HELMET_RAG_PASSAGE = "Document (Title: {title}): {text}"
+# re-ranking (load_msmarco_rerank); "relelvant" is the original's spelling
+HELMET_RERANK_USER = ("You are provided with a list of documents, each indicated by their ID. Rank each document "
+                      "based on their relevance to the question in descending order from most relelvant to least "
+                      "relevant texts. Include all documents in the rankings. Write your answer using the unique IDs, "
+                      "with the following format:\nRanking: ID3 > ID1 > ID2\n\n{demos}{context}\n\nQuery: {question}")
+HELMET_RERANK_PASSAGE = "[ID: {id}] Document (Title: {title}): {text}"
+HELMET_RERANK_PASSAGE_NO_TITLE = "[ID: {id}] Document: {text}"
+# generation with citations (load_alce): the instruction, demo and document prompts come from the ALCE prompt files
+HELMET_CITE_USER = "{demo_text}{instruction}\n\nQuestion: {question}\n\n{context}"
+# long-document QA (load_narrativeqa, load_infbench)
+HELMET_NARRATIVEQA_USER = ("You are given a story, which can be either a novel or a movie script, and a question. "
+                           "Answer the question as concisely as you can, using a single phrase if possible.\n\n"
+                           "{demo}{context}\n\nQuestion: {question}")
+HELMET_INFBENCH_QA_USER = ("You are given a story and a question. Answer the question as concisely as you can, using "
+                           "a single phrase if possible.\n\n{demo}{context}\n\nQuestion: {question}")
+HELMET_INFBENCH_CHOICE_USER = ("You are given a story and a question with multiple choices. Choose the best answer "
+                               "from the options provided. Only one of the following options is correct, output the "
+                               "answer using one single letter (A, B, C, or D). Don't say anything else.\n\n{demo}"
+                               "{context}\n\nQuestion: {question}\nOptions:\n{options}")
+# summarisation (load_infbench sum_eng, load_multi_lexsum)
+HELMET_INFBENCH_SUM_USER = ("You are given a book and you are tasked to summarize it. Write a summary of about 1000 to "
+                            "1200 words. Only write about the plot and characters of the story. Do not discuss the "
+                            "themes or background of the book. Do not provide any analysis or commentary.\n\n{demo}"
+                            "{context}\n\nNow summarize the book.")
+HELMET_MULTI_LEXSUM_USER = ("You are given the legal documents in a civil rights lawsuit, and you are tasked to "
+                            "summarize the case. Write a concise summary of one paragraph (200 to 250 words). The "
+                            "summary should contain a short description of the background, the parties involved, and "
+                            "the outcomes of the case.\n\n{demo}Legal documents:\n{context}\n\nNow please summarize "
+                            "the case.")
+
 # --- LongBench v2 (Bai et al. 2024; THUDM/LongBench prompts/0shot.txt, the 0-shot no-CoT template) -----------------
 LONGBENCH_V2_TEMPLATE = (
     "Please read the following text and answer the question below.\n\n<text>\n$DOC$\n</text>\n\nWhat is the correct "

@@ -129,3 +129,28 @@ def test_source_dir_writes_what_the_evaluators_read(tmp_path, eval_root, prep, c
     assert gen.unavailable("qa_2") is None and gen.qa_data("hotpotqa")[0]
     trec = pl["manyshot_trec"]
     assert all(manyshot_trec.load_lceg(trec["data_dir"], n) for n in trec["shots"])
+
+
+def test_helmet_part_writes_what_every_helmet_category_reads(tmp_path, eval_root, prep, capsys):
+    """``--only helmet`` offline: one entry per file a HELMET category's tasks name, each read back; the
+    categories then find their data there and draw the same samples as from the fixtures it was copied from."""
+    from transformers import AutoTokenizer
+
+    from harness.evals import EVALS
+    from harness.evals.helmet import HelmetCategory
+
+    src = make_eval_sources(tmp_path / "src")
+    argv = ["--out", str(eval_root), "--source-dir", str(src), "--only", "helmet"]
+    listed = listing(prep, capsys, [*argv, "--dry-run"])
+    assert "helmet/kilt/nq-dev-multikilt_1000_k1000_dep6.jsonl" in listed
+    assert "helmet/prompts/asqa_revised.json" in listed
+    assert prep.main(argv) == 0
+    tok = AutoTokenizer.from_pretrained(ROOT / "harness" / "assets" / "tiny_llama")
+    cats = [n for n in EVALS.names() if isinstance(EVALS.get(n), type) and issubclass(EVALS.get(n), HelmetCategory)]
+    assert len(cats) == 5 and len(listed) == len(set(listed))
+    for name in cats:
+        cls = EVALS.get(name)
+        ev, fx = cls(cls.Args(data_dir=str(eval_root / "helmet"), samples=2)), cls(cls.Args(samples=2))
+        ev.check_data(f"eval.suite.{name}")
+        for t in cls.TASKS:
+            assert [s["prompt"] for s in ev.samples(tok, t, 2048)] == [s["prompt"] for s in fx.samples(tok, t, 2048)]

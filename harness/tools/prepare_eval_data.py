@@ -27,6 +27,12 @@ paper experiments' defaults)
   manyshot_trec/trec_<n>shots.jsonl  Leooyii/manyshots_trec (the controlled study's files, LongBench format)
   short_context/<task>/<split>.jsonl arc_challenge/{train,test}, hellaswag/{train,validation}, mmlu/{dev,test} (57
                                      subjects, with a subject field), truthfulqa/validation: short_context.py's layout
+  helmet/{kilt,msmarco,alce}/...     HELMET's released files (princeton-nlp/HELMET data.tar.gz), the ones the
+                                     helmet_* evaluators' tasks name; helmet/prompts/*.json ALCE's prompt files
+                                     (the HELMET repository's prompts/)
+  helmet/{longqa,summ}/*.jsonl       NarrativeQA (stories over 131072 ``--tokenizer`` tokens, HELMET's filter),
+                                     InfiniteBench's English book QA / choice / summaries, Multi-LexSum's short
+                                     summaries, from the hub datasets HELMET loads, with the fields its loaders read
   MANIFEST.json                      per part: its source, the tokenizer of its .bin files, when it was written
 Each written file is read back with the reader its evaluator uses before the part counts as done. The token
 files depend on ``--tokenizer`` (a local folder, a model config name of conf/model, or a hub id; default
@@ -42,6 +48,7 @@ llama2_7b's hub id): the .bin files are LLaMA's format, so keep the default for 
   S/longbench/<task>.jsonl                     data.zip's files, unzipped
   S/manyshots_trec/trec_<n>shots.jsonl         the files of Leooyii/manyshots_trec
   S/short_context/<task>/<split>.jsonl         the layout written above
+  S/helmet/<file>                              the layout written above (HELMET's extracted data/ folder)
 Files are read in sorted name order. A missing source is one line naming it.
 
 ``--dry-run`` prints one line per file (``<path under out>  <-  <source>  (<size>)``; a ``*.txt`` line stands for
@@ -57,6 +64,7 @@ import os
 import random
 import shutil
 import sys
+import tarfile
 import time
 import urllib.request
 import zipfile
@@ -70,7 +78,8 @@ import numpy as np
 from harness.conf_utils import compose
 from harness.config import ConfigError
 from harness.data.sources import local_directory
-from harness.evals import ruler_data
+from harness.evals import EVALS, ruler_data
+from harness.evals.helmet import HelmetCategory, read_samples
 from harness.evals.longbench import load_task
 from harness.evals.longbench_metrics import TASKS
 from harness.evals.manyshot_trec import SHOTS
@@ -86,6 +95,9 @@ SQUAD = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"  # th
 HOTPOTQA = "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json"
 SHORT_CONTEXT = ("arc_challenge/train", "arc_challenge/test", "hellaswag/train", "hellaswag/validation", "mmlu/dev",
                  "mmlu/test", "truthfulqa/validation")
+HELMET = ("princeton-nlp/HELMET", "data.tar.gz")  # scripts/download_data.sh: kilt/, msmarco/, alce/, ...
+HELMET_PROMPTS = "https://raw.githubusercontent.com/princeton-nlp/HELMET/main/"  # prompts/*.json (ALCE's)
+HELMET_LONG_MIN = 131072  # load_narrativeqa keeps stories longer than this many LLaMA-2 tokens
 UNKNOWN = "size unknown until download"
 PROOFPILE_SEED = 0
 
@@ -455,10 +467,90 @@ def part_short_context(ctx: Context) -> list[Entry]:
                           f"{hub[k.split('/')[0]]} (HF dataset)", lambda k=k: rows(k)) for k in SHORT_CONTEXT]
 
 
+@cache
+def helmet_tar() -> tarfile.TarFile:
+    return tarfile.open(hub_file(*HELMET), "r:gz")
+
+
+def helmet_member(rel: str) -> bytes:
+    """``data/<rel>`` of HELMET's data.tar.gz."""
+    t = helmet_tar()
+    names = {n.removeprefix("./").removeprefix("data/"): n for n in t.getnames()}
+    if rel not in names:
+        raise SystemExit(f"prepare_eval_data: helmet: {rel} not in {'/'.join(HELMET)}")
+    return t.extractfile(names[rel]).read()
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
+def helmet_converted(ctx: Context, rel: str) -> bytes:
+    """The long-document files HELMET loads from the hub at run time, written with the fields its loaders read
+    (``load_narrativeqa``: stories longer than 131072 tokens of ``--tokenizer``, HELMET's LLaMA-2 filter;
+    ``load_infbench``; ``load_multi_lexsum``: the test split with a short summary, sources joined by blank lines)."""
+    from datasets import Features, Sequence, Value, load_dataset
+
+    if rel == "longqa/narrativeqa.jsonl":
+        tok, long = load_tokenizer(ctx.tokenizer), {}
+        rows = []
+        for i, x in enumerate(load_dataset("deepmind/narrativeqa")["test"]):
+            doc = x["document"]
+            if doc["id"] not in long:
+                long[doc["id"]] = len(tok(doc["text"]).input_ids) > HELMET_LONG_MIN
+            if long[doc["id"]]:
+                rows.append({"id": i, "context": doc["text"], "question": x["question"]["text"],
+                             "answer": [a["text"] for a in x["answers"]]})
+        return _jsonl(rows)
+    if rel == "summ/multi_lexsum.jsonl":
+        ds = load_dataset("allenai/multi_lexsum", name="v20230518", trust_remote_code=True)["test"]
+        return _jsonl({"id": x["id"], "context": "\n\n".join(x["sources"]), "answer": x["summary/short"]}
+                      for x in ds if x["summary/short"] is not None)
+    split = {"longqa/infbench_qa_eng.jsonl": "longbook_qa_eng", "summ/infbench_sum_eng.jsonl": "longbook_sum_eng",
+             "longqa/infbench_choice_eng.jsonl": "longbook_choice_eng"}[rel]
+    ft = Features({"id": Value("int64"), "context": Value("string"), "input": Value("string"),
+                   "answer": Sequence(Value("string")), "options": Sequence(Value("string"))})
+    return _jsonl(load_dataset("xinrongzhang2022/infinitebench", features=ft)[split])
+
+
+def helmet_files() -> dict[str, str]:
+    """{file under helmet/: the task that reads it} for every HELMET category evaluator's tasks."""
+    out = {}
+    for name in EVALS.names():
+        cls = EVALS.get(name)
+        if isinstance(cls, type) and issubclass(cls, HelmetCategory):
+            for task_name, t in cls.TASKS.items():
+                for f in filter(None, (t.file, t.demo_file, t.prompt_file)):
+                    out.setdefault(f, f"{name}.{task_name}")
+    return out
+
+
+def check_helmet(path: Path) -> None:
+    rows = read_samples(path) if "prompts" not in path.parts else json.loads(path.read_text())["demos"]
+    if not rows:
+        raise ConfigError(f"{path}: no samples")
+
+
+def part_helmet(ctx: Context) -> list[Entry]:
+    def fetch(rel: str) -> bytes:
+        if rel.startswith("prompts/"):
+            return read_url(HELMET_PROMPTS + rel)
+        if rel.startswith(("longqa/", "summ/")):
+            return helmet_converted(ctx, rel)
+        return helmet_member(rel)
+
+    def source(rel: str) -> str:
+        return (HELMET_PROMPTS + rel if rel.startswith("prompts/") else "hub datasets HELMET loads (converted)"
+                if rel.startswith(("longqa/", "summ/")) else f"{'/'.join(HELMET)} (data/{rel})")
+
+    return [copy_or_fetch(ctx, f"helmet/{rel}", f"helmet/{rel}", source(rel), lambda rel=rel: fetch(rel), check_helmet)
+            for rel in sorted(helmet_files())]
+
+
 PARTS = {"pg19": part_pg19, "proofpile": part_proofpile, "pg_essays": part_essays, "squad": part_squad,
          "hotpotqa": part_hotpotqa, "longbench": part_longbench, "manyshot_trec": part_manyshot_trec,
-         "short_context": part_short_context}
-GROUPS = {"paper": [p for p in PARTS if p != "short_context"]}  # what experiment=paper_* and entropy_abf read
+         "short_context": part_short_context, "helmet": part_helmet}
+GROUPS = {"paper": [p for p in PARTS if p not in ("short_context", "helmet")]}  # what experiment=paper_* read
 
 
 def written(root: Path, rel: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 
 from harness import api
 from harness.config import ConfigError
+from tests import forkrun
 from tests.conftest import ROOT, random_llama
 
 C = 512
@@ -165,7 +165,7 @@ def test_the_readme_recipe_runs_as_written_outside_the_checkout(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     for k in ("HARNESS_RESULTS_DIR", "HARNESS_OUTPUT_DIR"):
         env.pop(k, None)
-    r = subprocess.run([sys.executable, "recipe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    r = forkrun.run([sys.executable, "recipe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert list((tmp_path / "results" / "runs").glob("*.json"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from tests import forkrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,13 +73,12 @@ def test_harness_run_is_the_installed_app(tmp_path):
     """`harness run` calls the installed library's app (``harness.app:cli``, no checkout script run by path):
     it composes the same config as ``python run.py`` (the study's points on the search path through the
     ``harness.conf`` entry point) and names the job ``run``."""
-    import subprocess
     import sys
 
     args = ["experiment=tiny_study", "point=tiny_study/ntk_64k_2b", "--cfg", "all"]
-    via_cli = subprocess.run([sys.executable, "-m", "harness.cli", "run", *args], capture_output=True, text=True,
+    via_cli = forkrun.run([sys.executable, "-m", "harness.cli", "run", *args], capture_output=True, text=True,
                              cwd=tmp_path, timeout=300)
-    via_script = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
+    via_script = forkrun.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
                                 cwd=tmp_path, timeout=300)
     assert via_cli.returncode == 0 and via_script.returncode == 0, via_cli.stderr[-2000:] + via_script.stderr[-2000:]
     def strip(out):   # all but the lines of this process's time and place
@@ -134,7 +134,7 @@ def test_the_run_app_and_a_slurm_job_need_only_the_library(tmp_path):
                             "; import controlled_study"], capture_output=True, text=True, env=env, timeout=120)
     assert probe.stdout.split() == ["harness.app", "None", "0"], probe.stdout + probe.stderr[-2000:]
     assert "only the library is installed" in probe.stderr  # the shim hides the study
-    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "method=base", "train=none", "eval=quick",
+    run = forkrun.run([sys.executable, "-m", "harness.cli", "run", "method=base", "train=none", "eval=quick",
                           "eval.lengths=[512]", "eval.suite.ppl_books.samples=1", "eval.suite.passkey.samples=1"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from harness.data.mixture import (
     source_token_shares,
 )
 from harness.train.step import add_document_positions, document_position_ids
+from tests import forkrun
 
 BOS, EOS = 1, 2
 RANGES = {"books": (10, 1000), "code": (1000, 2000), "web": (2000, 3000)}  # token ids identify the source
@@ -221,7 +221,7 @@ def test_slimpajama_upsampled_streams_local_shards(tokenizer, tmp_path):
 
 @pytest.mark.integration
 def test_prepare_cluster_data_dry_run(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_cluster_data.py"), "--root", str(tmp_path),
+    out = forkrun.run([sys.executable, str(ROOT / "scripts" / "prepare_cluster_data.py"), "--root", str(tmp_path),
                           "--dry-run"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "SlimPajama" in out.stdout and "meta-llama/Llama-2-7b-hf" in out.stdout

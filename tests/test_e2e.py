@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from harness.results import read_rows
+from tests import forkrun
 from tests.conftest import ROOT
 
 
 def _run(args, tmp_path, timeout=900):
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
+    return forkrun.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=timeout)
 
 

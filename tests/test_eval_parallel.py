@@ -7,7 +7,6 @@ import inspect
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 
 from harness.config import ConfigError
 from harness.evals import EVALS, EvalContext, block_bounds
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -114,7 +114,7 @@ def test_data_parallel_attribute_is_honest():
 def _run(args, tmp_path, timeout=600):
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
+    r = forkrun.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     (row_file,) = (tmp_path / "res" / "runs").glob("*.json")

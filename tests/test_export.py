@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pandas as pd
 
 from controlled_study.export import COLUMNS, flatten
 from harness import results
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -55,7 +55,7 @@ def test_make_export_writes_csv_and_parquet_and_skips_stray_files(tmp_path):
     for rid, m, st in (("r1", "yarn", "ok"), ("r2", "pi", "failed")):
         (runs / f"{rid}.json").write_text(json.dumps(_row(rid, m, METRICS, st)))
     (runs / "stray.json").write_text("[1, 2]")
-    p = subprocess.run([sys.executable, "scripts/export_rows.py", "--results", str(tmp_path)], cwd=ROOT,
+    p = forkrun.run([sys.executable, "scripts/export_rows.py", "--results", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "stray.json" in p.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from controlled_study import findings as fd
 from controlled_study.paper import Paper
 from controlled_study.rows import RowSet, load_spec
 from harness import stats
+from tests import forkrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -266,7 +266,7 @@ def test_make_findings_script(tmp_path):
     (res / "runs").mkdir(parents=True)
     for r in world("paper"):
         (res / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_findings.py"), "--results", str(res)],
+    out = forkrun.run([sys.executable, str(ROOT / "scripts" / "make_findings.py"), "--results", str(res)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     md = (res / "findings.md").read_text()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ from harness.config import ConfigError
 from harness.methods import METHODS, build_method, check_checkpoint_method, save_method
 from harness.models import MODELS
 from harness.results import atomic_write_json, read_rows
+from tests import forkrun
 from tests.conftest import ROOT, random_llama
 
 
@@ -118,7 +118,7 @@ def test_train_args_impossible_lengths():
 
 
 def _run(args, env):
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
+    return forkrun.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True,
                           env={**os.environ, **env}, cwd=ROOT, timeout=600)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from harness.conf_utils import compose
 from harness.config import ConfigError
 from harness.models import gguf_to_folder
 from harness.pipeline import setup
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -88,7 +88,7 @@ def test_the_shipped_smollm2_gguf_becomes_a_folder_with_the_same_logits(tmp_path
 
     from harness.models import load_model
 
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gguf_to_hf.py"), "smollm2_135m", str(tmp_path / "m")],
+    r = forkrun.run([sys.executable, str(ROOT / "scripts" / "gguf_to_hf.py"), "smollm2_135m", str(tmp_path / "m")],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("gguf: loading") and "window C = 8192" in r.stdout

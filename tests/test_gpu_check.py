@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 from conftest import ROOT, load_file_module
+
+from tests import forkrun
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 REAL_OUT = ROOT / "results" / "gpu_check.json"
@@ -28,7 +29,7 @@ def stat_or_none(p):
 def test_smoke_runs_every_check_through_run_py(tmp_path):
     before = stat_or_none(REAL_OUT)
     work = tmp_path / "work"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--work", str(work)], cwd=ROOT, capture_output=True,
+    r = forkrun.run([sys.executable, str(SCRIPT), "--smoke", "--work", str(work)], cwd=ROOT, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert stat_or_none(REAL_OUT) == before  # the smoke never touches results/gpu_check.json
@@ -60,7 +61,7 @@ def test_smoke_runs_every_check_through_run_py(tmp_path):
 def test_without_cuda_one_line_and_nothing_written(tmp_path):
     out = tmp_path / "gpu_check.json"
     before = stat_or_none(REAL_OUT)
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--work", str(tmp_path / "w")], cwd=ROOT,
+    r = forkrun.run([sys.executable, str(SCRIPT), "--out", str(out), "--work", str(tmp_path / "w")], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 2
     assert r.stderr.strip().startswith("gpu_check: no CUDA GPU") and len(r.stderr.strip().splitlines()) == 1
@@ -94,7 +95,7 @@ def test_smollm2_hub_folder_is_the_gguf_model(tmp_path):
     from harness.models import build_model, load_model
 
     folder = tmp_path / "hub"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--hub", "smollm2_135m", str(folder)], cwd=ROOT,
+    r = forkrun.run([sys.executable, str(SCRIPT), "--hub", "smollm2_135m", str(folder)], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     info = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("GPU_CHECK_INFO "))[15:])

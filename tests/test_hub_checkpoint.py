@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 
 from harness.conf_utils import compose
 from harness.models.tiny_llama import ASSET_DIR
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -67,7 +67,7 @@ def test_the_checkpoint_loads_and_runs_through_the_pipeline(tmp_path):
 def test_a_missing_or_wrong_path_is_one_line_and_a_row_naming_the_model(tmp_path, args, line):
     env = {"HARNESS_RESULTS_DIR": str(tmp_path / "results"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "run.py", *args, "method=base", "train=none"], cwd=ROOT, env=env,
+    p = forkrun.run([sys.executable, "run.py", *args, "method=base", "train=none"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
     err = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
@@ -80,7 +80,7 @@ def test_run_py_on_a_checkpoint_folder_writes_an_ok_row_that_says_what_ran(tmp_p
     d = _checkpoint(tmp_path, name="my-ckpt")
     env = {"HARNESS_RESULTS_DIR": str(tmp_path / "results"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
-    p = subprocess.run([sys.executable, "run.py", "model=hub", f"model.path={d}", "method=yarn", "train=none",
+    p = forkrun.run([sys.executable, "run.py", "model=hub", f"model.path={d}", "method=yarn", "train=none",
                         "eval=quick", "eval.lengths=[512,1024]", "eval.suite.passkey.samples=2",
                         "eval.suite.ppl_books.samples=1"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)

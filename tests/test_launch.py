@@ -19,6 +19,7 @@ from conftest import ROOT, load_file_module
 
 from harness import submit, sweeps
 from harness.config import ConfigError
+from tests import forkrun
 
 PI = ["experiment=paper_llama2", "point=paper_llama2/pi", "hydra/launcher=slurm_a100"]
 FAKE_SBATCH = """#!/bin/bash
@@ -127,12 +128,12 @@ def test_run_py_refuses_two_nodes_before_submitting(tmp_path):
     the whole point again; now it is one line and nothing reaches sbatch."""
     env = _fake_slurm(tmp_path, None)
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", *PI, "hydra.launcher.nodes=2", "train.world_size=16"]
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = forkrun.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "hydra.launcher.nodes=2: a point runs on one node" in lines[0], out.stderr
     assert not list((tmp_path / "capture").iterdir())
-    inside = subprocess.run([sys.executable, str(ROOT / "run.py"), "method=base", "train=none"], cwd=ROOT,
+    inside = forkrun.run([sys.executable, str(ROOT / "run.py"), "method=base", "train=none"], cwd=ROOT,
                             env={**env, "SLURM_STEP_NUM_NODES": "2"}, capture_output=True, text=True, timeout=300)
     assert inside.returncode == 2 and "this Slurm step spans 2 nodes" in inside.stderr, inside.stderr[-2000:]
 
@@ -146,7 +147,7 @@ def test_local_submission_returns_before_its_jobs_end(tmp_path):
            "eval=quick", "eval.lengths=[256]", "eval.suite.ppl_books.samples=1", "eval.suite.passkey.samples=1"]
     log = tmp_path / "submit.log"
     with open(log, "w") as f:  # a file, not a pipe: the jobs inherit it, and a pipe would wait for them too
-        rc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300).returncode
+        rc = forkrun.run(cmd, env=env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=300).returncode
     returned = time.time()
     assert rc == 0, log.read_text()[-2000:]
     recs = list((tmp_path / "results" / "jobs").glob("*.json"))
@@ -165,7 +166,7 @@ def test_local_submission_returns_before_its_jobs_end(tmp_path):
     assert {r["run_dir"] for r in rows} == {p["run_dir"] for p in rec["points"]}
     for r in rows:  # every job ended after the submission had returned
         assert datetime.fromisoformat(r["time_end"]).timestamp() > returned, (r["time_end"], returned)
-    status = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "results"), "--all"], env=env,
+    status = forkrun.run([sys.executable, "-m", "harness.status", str(tmp_path / "results"), "--all"], env=env,
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     jobs = [ln.split() for ln in status.stdout.splitlines() if ln.strip().split(" ")[0] in ids]
     assert len(jobs) == 2 and all(j[1:3] == ["FINISHED", "ok"] for j in jobs), status.stdout

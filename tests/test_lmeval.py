@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from harness import api
 from harness.config import ConfigError
+from tests import forkrun
 from tests.conftest import ROOT
 
 DOCS = [{"question": f"What is {a} plus {b}?", "choices": [str(a + b), str(a + b + 1), str(a * b + 7)], "label": 0}
@@ -96,7 +96,7 @@ def test_the_documented_lm_eval_command_runs_a_local_task_with_a_method(tmp_path
     """``python -m harness.lmeval --model harness ...``: lm-eval's own command line, offline, a method applied."""
     tasks = local_task(tmp_path / "tasks")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "harness.lmeval", "--model", "harness", "--model_args",
+    r = forkrun.run([sys.executable, "-m", "harness.lmeval", "--model", "harness", "--model_args",
                         f"pretrained={api.TINY_LLAMA},method=pi,scale=2", "--tasks", "local_sums", "--include_path",
                         str(tasks), "--batch_size", "2", "--output_path", str(tmp_path / "out")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -175,7 +175,7 @@ def test_the_readme_recipe_scores_prompts_longer_than_c_as_the_harness_does(tmp_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
     def lm_eval(model_args):
-        r = subprocess.run([sys.executable, "-m", "harness.lmeval", "--model", "harness", "--model_args",
+        r = forkrun.run([sys.executable, "-m", "harness.lmeval", "--model", "harness", "--model_args",
                             model_args, "--tasks", "local_passkey", "--include_path", str(tasks), "--batch_size", "1",
                             "--output_path", str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=900)

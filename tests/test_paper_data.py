@@ -11,7 +11,6 @@ import importlib.metadata
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ from conftest import ROOT
 
 from harness import conf_utils, pipeline
 from harness.config import ConfigError
+from tests import forkrun
 
 
 @pytest.mark.parametrize("train", ["paper", "paper_64k_2b"])
@@ -54,7 +54,7 @@ def test_run_py_refuses_before_anything_loads(tmp_path):
     env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"),
                HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "model=llama2_7b", "method=yarn", "train=paper"],
+    out = forkrun.run([sys.executable, str(ROOT / "run.py"), "model=llama2_7b", "method=yarn", "train=paper"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     errors = [ln for ln in (out.stdout + out.stderr).splitlines() if "data=local_mix" in ln]
@@ -155,7 +155,7 @@ def test_lceg_tokens_refuses_in_one_line(tmp_path):
 
 # ------------------------------------------------------------------ SlimPajama shards: estimate, prepare, build
 def _prepare(*args, env=None):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_cluster_data.py"), *map(str, args)],
+    out = forkrun.run([sys.executable, str(ROOT / "scripts" / "prepare_cluster_data.py"), *map(str, args)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env=dict(os.environ, HF_HUB_OFFLINE="1", **(env or {})))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -238,7 +238,7 @@ def test_build_data_script_builds_the_cache_the_run_then_loads(tmp_path, monkeyp
     from harness.data.local_mix import LocalMix
 
     env = dict(os.environ, HARNESS_CACHE_DIR=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_data.py"), *RUN], env=env, cwd=ROOT,
+    out = forkrun.run([sys.executable, str(ROOT / "scripts" / "build_data.py"), *RUN], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     path = re.search(r"\(built\) -> (\S+\.npy)", out.stdout).group(1)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from conftest import ROOT
+
+from tests import forkrun
 
 SCRIPT = [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py")]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
@@ -19,7 +20,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 @pytest.mark.slow  # ~20 s idle: a fresh pretraining stage of the shipped tiny model (an asset's build)
 def test_fresh_stage_takes_its_sizes_and_records_its_device(tmp_path):
     out = tmp_path / "m"
-    r = subprocess.run(SCRIPT + ["--out", str(out), "--steps", "2", "--batch", "1", "--seq-len", "64", "--layers", "2",
+    r = forkrun.run(SCRIPT + ["--out", str(out), "--steps", "2", "--batch", "1", "--seq-len", "64", "--layers", "2",
                                  "--hidden", "64", "--heads", "2", "--intermediate", "128", "--gate-samples", "0",
                                  "--threads", "1", "--device", "cpu"],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -31,7 +32,7 @@ def test_fresh_stage_takes_its_sizes_and_records_its_device(tmp_path):
     assert stage["device"] == "cpu (1 threads)"
     assert stage["architecture"] == {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128}
     # a continued stage keeps its parent's sizes: asking for others is an error, not silently ignored
-    bad = subprocess.run(SCRIPT + ["--init-from", str(out), "--out", str(tmp_path / "m2"), "--layers", "6",
+    bad = forkrun.run(SCRIPT + ["--init-from", str(out), "--out", str(tmp_path / "m2"), "--layers", "6",
                                    "--gate-samples", "0"], env=ENV, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode != 0 and "--layers only apply to a fresh model" in bad.stderr
@@ -43,14 +44,14 @@ def test_fresh_stage_on_the_shipped_tokenizer(tmp_path):
     from harness.models.tiny_llama import ASSET_DIR
 
     out = tmp_path / "m"
-    r = subprocess.run(SCRIPT + ["--out", str(out), "--tokenizer-from", str(ASSET_DIR), "--steps", "2", "--batch", "1",
+    r = forkrun.run(SCRIPT + ["--out", str(out), "--tokenizer-from", str(ASSET_DIR), "--steps", "2", "--batch", "1",
                                  "--seq-len", "64", "--layers", "1", "--hidden", "64", "--heads", "2",
                                  "--intermediate", "128", "--gate-samples", "0", "--threads", "1", "--device", "cpu"],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "tokenizer.json").read_bytes() == (ASSET_DIR / "tokenizer.json").read_bytes()
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
-    bad = subprocess.run(SCRIPT + ["--init-from", str(out), "--tokenizer-from", str(ASSET_DIR),
+    bad = forkrun.run(SCRIPT + ["--init-from", str(out), "--tokenizer-from", str(ASSET_DIR),
                                    "--out", str(tmp_path / "m2"), "--gate-samples", "0"],
                          env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == \
@@ -59,7 +60,7 @@ def test_fresh_stage_on_the_shipped_tokenizer(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when there is no GPU")
 def test_cuda_without_a_gpu_is_one_clear_error(tmp_path):
-    r = subprocess.run(SCRIPT + ["--out", str(tmp_path / "m"), "--device", "cuda", "--gate-samples", "0"],
+    r = forkrun.run(SCRIPT + ["--out", str(tmp_path / "m"), "--device", "cuda", "--gate-samples", "0"],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == \
         "pretrain_tiny: --device cuda but torch sees no CUDA device"

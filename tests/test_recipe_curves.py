@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from controlled_study.rows import RowSet, load_spec
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -21,7 +21,7 @@ def _run(tmp_path, *overrides):
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
     flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides (Hydra's argument parser)
     overrides = [o for o in overrides if not o.startswith("-")]
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), *flags, "method=pi",
+    return forkrun.run([sys.executable, str(ROOT / "scripts" / "recipe_curves.py"), *flags, "method=pi",
                            "train=tiny", "train.tokens=8192", "train.lr=1e-3", "train.warmup_steps=1", "curve.at=[1,2]",
                            "eval=quick", "curve.tag=t", "train.keep_checkpoints=true", *overrides],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

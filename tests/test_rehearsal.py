@@ -49,13 +49,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+
+from tests import forkrun
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ SWEEP_TIMEOUT_S = 900
 def _script(env: dict, *args: str, timeout: int = 300) -> str:
     """Run a repository script as a researcher would (``python scripts/...``); its output, or the test fails with
     its tail."""
-    out = subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = forkrun.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"{args[0]} exited {out.returncode}:\n{out.stdout[-3000:]}{out.stderr[-3000:]}"
     return out.stdout
 
@@ -119,7 +120,7 @@ def rehearsal(tmp_path_factory):
             str(sources), "--tokenizer", str(model), "--proofpile-docs", "2", "--proofpile-min-tokens", "1024")
     checkout_ckpts = _dirs_in(ROOT / "outputs" / "ckpt")
     knobs = [f"model.path={model}", *SIZE_KNOBS, *([] if fast_bf16_cpu() else FLOAT32)]
-    sweep = subprocess.run([sys.executable, "run.py", "-m", "experiment=paper_llama2", "hydra/launcher=submitit_local",
+    sweep = forkrun.run([sys.executable, "run.py", "-m", "experiment=paper_llama2", "hydra/launcher=submitit_local",
                             f"point={','.join(POINTS)}", *knobs],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
     rows = [json.loads(f.read_text()) for f in sorted((tmp / "results" / "paper_llama2" / "runs").glob("*.json"))]

@@ -20,6 +20,7 @@ from conftest import ROOT
 
 from harness import lifecycle, pipeline, results
 from harness.results import liveness, read_rows
+from tests import forkrun
 
 QUICK = ["method=base", "train=none", "eval=quick", "eval.lengths=[256]", "eval.suite.passkey.samples=1",
          "eval.suite.ppl_books.samples=1"]
@@ -40,7 +41,7 @@ def _run(args, env, prelude: str | None = None, timeout=600):
         code = prelude + f"\nimport runpy, sys\nsys.argv = [{str(ROOT / 'run.py')!r}] + {list(args)!r}\n" \
                          f"runpy.run_path({str(ROOT / 'run.py')!r}, run_name='__main__')\n"
         cmd = [sys.executable, "-c", code]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    return forkrun.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
 def _one_clean_line(r, *must_contain):
@@ -136,7 +137,7 @@ def test_disk_filling_mid_run(tmp_path):
     (row,) = read_rows(tmp_path / "res")
     assert row["status"] == "running" and row["pid"] and row["host"] == socket.gethostname()
     assert liveness(row) == "stale", last
-    s = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "res")], capture_output=True,
+    s = forkrun.run([sys.executable, "-m", "harness.status", str(tmp_path / "res")], capture_output=True,
                        text=True, cwd=ROOT)
     assert s.returncode == 0 and "stale" in s.stdout and row["run_id"] in s.stdout
 
@@ -210,7 +211,7 @@ def test_killed_run_is_stale_and_terminated_run_is_failed(tmp_path):
     p.wait()
     (row,) = read_rows(tmp_path / "a" / "res")
     assert row["status"] == "running" and liveness(row) == "stale"
-    s = subprocess.run([sys.executable, "-m", "harness.status", str(tmp_path / "a" / "res")], capture_output=True,
+    s = forkrun.run([sys.executable, "-m", "harness.status", str(tmp_path / "a" / "res")], capture_output=True,
                        text=True, cwd=ROOT)
     assert "1 stale" in s.stdout and f"{socket.gethostname()}:{p.pid}" in s.stdout, s.stdout
     from controlled_study.rows import RowSet, load_spec
@@ -289,7 +290,7 @@ def _study_rows(tmp: Path) -> Path:
 
 
 def _script(*args, timeout=300):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+    return forkrun.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -15,6 +15,7 @@ import pytest
 from harness import safe
 from harness.evals import Spec
 from harness.results import read_rows, read_rows_in
+from tests import forkrun
 from tests.conftest import ROOT
 
 
@@ -99,7 +100,7 @@ def test_hydra_run_dir_is_refused_before_it_is_created(tmp_path):
     outside the outputs folder first; the run directory's resolver refuses the name before Hydra makes it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_OUTPUT_DIR": str(tmp_path / "out" / "deep"),
            "HARNESS_RESULTS_DIR": str(tmp_path / "res")}
-    p = subprocess.run([sys.executable, str(ROOT / "run.py"), "method=base", "train=none", "eval=quick",
+    p = forkrun.run([sys.executable, str(ROOT / "run.py"), "method=base", "train=none", "eval=quick",
                         "model.name=../../../ESCAPED"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2, p.stderr
@@ -413,7 +414,7 @@ def test_sigterm_during_make_tables_leaves_the_old_files_or_the_new_ones(tmp_pat
     _write_rows(res, {f"r{i}.json": _row(f"r{i}", m) for i, m in enumerate(("base", "pi"))})
     cmd = [sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--results", str(res)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(cmd + ["--no-figures"], env=env, check=True, capture_output=True, timeout=300)
+    forkrun.run(cmd + ["--no-figures"], env=env, check=True, capture_output=True, timeout=300)
     old = (_snapshot(res / "tables"), _snapshot(res / "figures"), (res / "README.md").read_bytes())
     _write_rows(res, {f"r{i}.json": _row(f"r{i}", m) for i, m in enumerate(("yarn", "ntk_dynamic", "clex"), 2)})
     seen = set()
@@ -430,7 +431,7 @@ def test_sigterm_during_make_tables_leaves_the_old_files_or_the_new_ones(tmp_pat
         if now == old:
             seen.add("old")
             continue
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+        forkrun.run(cmd, env=env, check=True, capture_output=True, timeout=300)
         new = (_snapshot(res / "tables"), _snapshot(res / "figures"), (res / "README.md").read_bytes())
         assert now == new, "a mix of old and new files"
         seen.add("new")

@@ -16,12 +16,12 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import forkrun
 from tests.conftest import ROOT
 
 STUDY = "tiny_study"
@@ -117,7 +117,7 @@ def test_make_run_then_a_sweep_as_commands_change_no_committed_file(tmp_path):
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
     def py(*args, timeout=1800):
-        r = subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+        r = forkrun.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True,
                            timeout=timeout)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 

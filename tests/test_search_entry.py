@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from harness.conf_utils import compose
+from tests import forkrun
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ SMALL = ["search.population=2", "search.parents=1", "search.iterations=1", "sear
 
 def _run(tmp_path, *overrides):
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out")}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "search_rope.py"), *overrides],
+    return forkrun.run([sys.executable, str(ROOT / "scripts" / "search_rope.py"), *overrides],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 

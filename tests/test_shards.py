@@ -15,6 +15,7 @@ from conftest import ROOT, random_llama
 
 from harness import shards
 from harness.sweeps import compose
+from tests import forkrun
 
 
 def save_small_model(d: Path) -> Path:
@@ -205,7 +206,7 @@ def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):
     row = json.loads(row_files[0].read_text())
     assert row["status"] == "running"
 
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = forkrun.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "skipped: " + ", ".join(n for n in names if n in first) in " ".join(out.stdout.split())
     second = {f.stem: json.loads(f.read_text()) for f in (rdir / "shards").glob("*.json")}
@@ -225,7 +226,7 @@ def test_killed_sharded_run_resumes_only_missing_shards(tmp_path):
     assert (rdir / "run.json").exists() and row["git_sha"] is not None and "+shard=all" in row["command"]
 
     # the merged shards equal an unsharded run of the same config
-    plain = subprocess.run([sys.executable, str(ROOT / "run.py"), *overrides(model_dir)], env=env, cwd=ROOT,
+    plain = forkrun.run([sys.executable, str(ROOT / "run.py"), *overrides(model_dir)], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=900)
     assert plain.returncode == 0, plain.stderr[-2000:]
     rows = [json.loads(f.read_text()) for f in (tmp_path / "results" / "runs").glob("*.json")]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
+
+from tests import forkrun
 
 # one cheap point of tiny_study: the frozen base on the quick suite at 2 short lengths
 OVERRIDES = ["experiment=tiny_study", "point=tiny_study/base", "eval=quick", "eval.lengths=[128,256]",
@@ -20,7 +21,7 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "scripts" / "study.py")] + OVERRIDES
-    first = subprocess.run(cmd + ["--no-figures"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    first = forkrun.run(cmd + ["--no-figures"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert "1 points, 0 already done" in first.stdout and "1 points run, 0 skipped" in first.stdout
     assert "wall time" in first.stdout and "make findings" in first.stdout
@@ -31,13 +32,13 @@ def test_study_runs_then_skips_by_config_hash(tmp_path):
     # the hash the study computes for the point is the one run.py wrote
     h = rows[0]["config_hash"]
     assert f"(config {h})" in first.stdout
-    second = subprocess.run(cmd + ["--no-report"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    second = forkrun.run(cmd + ["--no-report"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "1 already done" in second.stdout and f"done: {rows[0]['run_id']}" in second.stdout
     assert "0 points run, 1 skipped" in second.stdout
     assert len(list((study / "runs").glob("*.json"))) == 1
     # a changed config (another seed) is not the same point: it would run
-    dry = subprocess.run(cmd + ["seed=1", "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    dry = forkrun.run(cmd + ["seed=1", "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert dry.returncode == 0 and "0 already done" in dry.stdout and "1 to run" in dry.stdout
 
 
@@ -48,7 +49,7 @@ def test_study_jobs_run_points_at_once(tmp_path):
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("OMP_NUM_THREADS", None)
     over = ["experiment=tiny_study", "point=tiny_study/base,tiny_study/ntk_frozen"] + OVERRIDES[2:]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--jobs", "2", "--no-report"],
+    r = forkrun.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--jobs", "2", "--no-report"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "2 points run, 0 skipped (done), 0 failed" in r.stdout
@@ -106,7 +107,7 @@ def test_study_refuses_a_job_that_does_not_compose_before_running_any(tmp_path):
     a failed row, exit 2, and no point run (as ``run.py -m``)."""
     env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"))
     over = ["experiment=tiny_study", "point=tiny_study/pi,tiny_study/base", "train.seed=1"]
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--no-report"],
+    r = forkrun.run([sys.executable, str(ROOT / "scripts" / "study.py"), *over, "--no-report"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, load_file_module
 
 from harness import conf_utils, sweeps
+from tests import forkrun
 
 EXPERIMENTS = sorted(p.stem for d in conf_utils.conf_dirs() for p in (d / "experiment").glob("*.yaml"))
 # the folders a caller's environment may point elsewhere (conf/paths/default.yaml reads them): the renderings and
@@ -79,7 +80,7 @@ def test_every_sweep_point_composes(exp):
 
 
 def test_one_paper_point_prints_the_cluster_data_and_the_paper_suite():
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "experiment=paper_llama2",
+    out = forkrun.run([sys.executable, str(ROOT / "run.py"), "experiment=paper_llama2",
                           "point=paper_llama2/ntk_32k", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -140,7 +141,7 @@ def test_tiny_study_two_methods_with_joblib(tmp_path):
            "eval=quick", "eval.lengths=[256,512]", "eval.suite.ppl_books.samples=1", "eval.suite.passkey.samples=2",
            "++train.seq_len=512", "++train.tokens=4096", "++train.global_batch=4", "++train.save_every=0",
            "++train.convergence_check=false"]
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = forkrun.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(f.read_text()) for f in (tmp_path / "results" / "tiny_study" / "runs").glob("*.json")]
     assert sorted(r["method"] for r in rows) == ["base", "pi"]  # the study's rows, in the study's folder
@@ -196,7 +197,7 @@ def test_slurm_submission_of_paper_llama2(tmp_path):
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", "experiment=paper_llama2", "hydra/launcher=slurm_a100",
            f"hydra.searchpath=[file://{_site_conf(tmp_path)}]", f"hydra.sweep.dir={sweep_dir}"]
-    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = forkrun.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     ids = [f"4242_{i}" for i in range(12)]
     assert f"submitted 12 job(s) to slurm: {', '.join(ids)}" in out.stdout

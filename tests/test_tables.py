@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -19,6 +18,7 @@ from controlled_study.paper import Paper
 from controlled_study.render import DASH, Cell
 from controlled_study.rows import RowSet, kfmt, load_spec, method_key
 from harness import stats
+from tests import forkrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -478,7 +478,7 @@ def test_malformed_rows_do_not_crash(tmp_path):
 
 
 def test_make_tables_script(study, tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--results", str(study["res"]),
+    r = forkrun.run([sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--results", str(study["res"]),
                         "--tables", str(tmp_path / "t"), "--no-figures"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "t" / "table1_tiny_llama.md").exists() and (tmp_path / "t" / "table3_tiny_llama.tex").exists()

@@ -294,13 +294,14 @@ def test_memory_check_refuses_what_cannot_fit(monkeypatch):
 # ------------------------------------------------------------------------------------------------ the command line
 def _cli(args, tmp_path, timeout=600):
     import os
-    import subprocess
     import sys
 
     env = {**os.environ, "HARNESS_RESULTS_DIR": str(tmp_path / "res"), "HARNESS_OUTPUT_DIR": str(tmp_path / "out"),
            "HARNESS_CKPT_DIR": str(tmp_path / "ck"), "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=timeout)
+    from tests import forkrun
+
+    r = forkrun.run([sys.executable, str(ROOT / "run.py"), *args], capture_output=True, text=True, env=env,
+                    cwd=ROOT, timeout=timeout)
     from harness.results import read_rows
 
     rows = read_rows(tmp_path / "res") if (tmp_path / "res").exists() else []

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import re
 import string
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytrec_eval
 
 from harness.config import ConfigError
 from harness.evals import EvalArgs, check_nonneg, check_positive, split_lengths, tasks_x_samples, write_jsonl
@@ -143,24 +143,11 @@ def parse_rankings(output: str) -> dict[str, int]:
 
 
 def ndcg_at(run: dict[str, float], qrel: dict[str, int], k: int = 10) -> float:
-    """trec_eval's ``ndcg_cut.k`` (what HELMET's ``calculate_retrieval_metrics`` reads through pytrec_eval): the
-    retrieved documents sorted by score (descending; ties by document id, descending, as trec_eval sorts), DCG over the
-    first k with gain = the relevance label and discount log2(rank + 1), over the ideal DCG of the judged labels
-    sorted; 0 when no document is relevant."""
-    ranked = sorted(run.items(), key=lambda kv: (-kv[1], _neg_key(kv[0])))[:k]
-    dcg = sum(max(0, qrel.get(d, 0)) / math.log2(i + 2) for i, (d, _) in enumerate(ranked))
-    ideal = sorted((g for g in qrel.values() if g > 0), reverse=True)[:k]
-    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-    return dcg / idcg if idcg > 0 else 0.0
-
-
-class _Desc(str):
-    def __lt__(self, other):
-        return str.__gt__(self, other)
-
-
-def _neg_key(s: str):
-    return _Desc(s)
+    """trec_eval's ``ndcg_cut.k`` through ``pytrec_eval`` (what HELMET's ``calculate_retrieval_metrics`` reads): the
+    ranked documents by score (ties by document id, descending), DCG over the first k with gain = the relevance
+    label and discount log2(rank + 1), over the ideal DCG of the judged labels; 0 when none is relevant."""
+    ev = pytrec_eval.RelevanceEvaluator({"q": {str(d): int(g) for d, g in qrel.items()}}, {f"ndcg_cut.{k}"})
+    return float(ev.evaluate({"q": {str(d): float(v) for d, v in run.items()}}).get("q", {}).get(f"ndcg_cut_{k}", 0.0))
 
 
 def remove_citations(sent: str) -> str:

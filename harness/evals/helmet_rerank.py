@@ -8,9 +8,8 @@ ID2\\n\\n{demos}{context}\\n\\nQuery: {question}"`` + ``"\\n"`` + ``"Ranking:"``
 passage ``"[ID: {id}] Document (Title: {title}): {text}"`` (``"[ID: {id}] Document: {text}"`` without a title),
 ``shots: 2`` demos from the ``k10`` file (their passages, the query and the gold ranking by label). Generation: 200
 tokens, stopping at a newline. Score: ``parse_rankings`` (the longest ``a > b > c`` run of integer ids) scored by
-NDCG@10 against the passages' relevance labels (``harness.evals.helmet.ndcg_at``: trec_eval's ``ndcg_cut.10``,
-which HELMET reads through ``pytrec_eval``; no package of it installs here, so the arithmetic is ours, tested against
-hand-computed values).
+NDCG@10 against the passages' relevance labels (``harness.evals.helmet.ndcg_at``: trec_eval's ``ndcg_cut.10``
+through ``pytrec_eval``, as HELMET reads it; tested against hand-computed values).
 
 Files: ``<data_dir>/msmarco/test_reranking_data_k1000_dep3.jsonl`` (fields ``qid, query, ctxs: [{id, title?, text,
 label}]``), fitted to each length (passages with a label > 0 kept), and ``test_reranking_data_k10_dep3.jsonl`` for

@@ -48,6 +48,7 @@ from harness.train import TrainArgs, loop  # loop: read at call time (tests stan
 from harness.train.checkpoint import share
 from harness.train.deepspeed_engine import launch
 from harness.train.step import check_finite_weights
+from harness.train.zero import sequence
 
 
 def native_ctx(cfg) -> int:
@@ -95,7 +96,9 @@ def setup(cfg, data: bool = True, suite: Suite | None = None) -> Setup:
     if train.enabled and cfg.get("data") is not None:
         check_budget(cfg.data, train.name, train.tokens)  # the data is meant for this recipe's token budget
     method.check(c, train)
-    method.check_model(hf_config(cfg.model), c)  # what the method needs of the model, before any weights load
+    config = hf_config(cfg.model)
+    method.check_model(config, c)  # what the method needs of the model, before any weights load
+    sequence.check(train, method, config or cfg.model.get("shape"))  # train.sequence_parallel: method, heads
     if data:
         method.check_data(c)
     check_autocast(cfg.get("autocast", "auto"), "autocast")

@@ -13,6 +13,11 @@ Memory per rank (ZeRO-3, bf16 mixed precision, DeepSpeed AdamW, ``harness/train/
   backward (its saved tensors, 8d + 4f values per token for a Llama layer with a fused attention kernel, x2 for their
   gradients in flight), plus the logits and the loss 10 b T V (bf16 logits, the fp32 copy the loss takes, its fp32
   gradient). Without checkpointing: every layer's saved tensors. Fragmentation and the CUDA context are not modelled.
+- sequence parallelism (``train.sequence_parallel`` = N, Ulysses): every activation term above at T/N tokens (a
+  rank holds its slice; the all-to-all's full-sequence q, k, v hold h/N heads, as many values as the slice's), and
+  the loss tiled (DeepSpeed's ``TiledFusedLogitsLoss``): one tile's fp32 logits and their gradient, 2 x
+  ``train.logits_tile_mib``, plus the fp32 gradient of the slice's hidden states 4 b (T/N) d, in place of 10 b T V.
+  The optimizer terms stay /W: ZeRO partitions over all W ranks.
 
 Training FLOPs per token F = 4 N + 2 N_t + 12 l h q T_att (N = matmul weights incl. the LM head, N_t the trained
 ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn, or
@@ -158,11 +163,16 @@ def train_flops_per_token(s: Shape, n_t: int, t_att: float) -> float:
     return 4 * s.matmul_params + 2 * n_t + 12 * s.layers * s.heads * s.head_dim * t_att
 
 
-def memory_per_rank(s: Shape, p_t: int, world: int, b: int, T: int, ckpt: bool, ema: bool, offload: bool) -> dict:
+def memory_per_rank(s: Shape, p_t: int, world: int, b: int, T: int, ckpt: bool, ema: bool, offload: bool,
+                    sp: int = 1, tile_mib: int = 256) -> dict:
+    T = T // max(1, sp)  # the rank's slice (module docstring, "sequence parallelism")
     per_layer_saved = (8 * s.hidden + 4 * s.mlp) * 2 * b * T  # bytes
     act = {"checkpoints": 2 * s.layers * b * T * s.hidden, "recomputed_layer": 2 * per_layer_saved} if ckpt else \
         {"all_layers": s.layers * per_layer_saved}
-    act["logits_and_loss"] = 10 * b * T * s.vocab
+    if sp > 1:
+        act["logits_and_loss_tiled"] = 2 * min(tile_mib * 2**20, 4 * b * T * s.vocab) + 4 * b * T * s.hidden
+    else:
+        act["logits_and_loss"] = 10 * b * T * s.vocab
     out = {"parameters": 2 * s.params / world, "gradients": 2 * p_t / world,
            "optimizer": 0 if offload else 12 * p_t / world, "ema": 4 * p_t / world if ema else 0,
            "gathered_parameters": 2 * 2 * s.layer_params, **{f"activations.{k}": v for k, v in act.items()}}
@@ -313,9 +323,10 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
         f = train_flops_per_token(s, n_t, t_att)
         gpu_h = tokens * f / (mfu * peak) / 3600
         mem = memory_per_rank(s, p_t, t.world_size, t.micro_batch, t.seq_len, t.grad_checkpointing, t.ema,
-                              t.offload)
+                              t.offload, t.sequence_parallel, t.logits_tile_mib)
         row["train"] = {"seq_len": t.seq_len, "tokens": tokens, "steps": steps, "global_batch": t.global_batch,
-                        "world_size": t.world_size, "micro_batch": t.micro_batch, "trained_params": p_t,
+                        "world_size": t.world_size, "sequence_parallel": t.sequence_parallel,
+                        "micro_batch": t.micro_batch, "trained_params": p_t,
                         "zero_stage": t.zero_stage, "grad_checkpointing": t.grad_checkpointing,
                         "flops_per_token": f, "gpu_hours": round(gpu_h, 1),
                         "wall_hours": round(gpu_h / max(1, t.world_size), 1),

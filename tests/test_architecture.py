@@ -17,7 +17,7 @@ STUDY = HARNESS.parent / "controlled_study"  # the study app on the library: its
 FLOORS = [
     ("basement", {"safe"}),  # names never paths, shell words, non-finite numbers, env settings: imports nothing
     ("ground", {"codeversion", "conf_utils", "config", "contamination", "device", "memory", "progress", "results",
-                "stats", "tracking"}),
+                "sequence_group", "stats", "tracking"}),
     ("registry", {"registry"}),  # Registry.build checks a node with config.to_args
     ("components", {"models", "methods", "data"}),
     ("consumers", {"evals", "train"}),

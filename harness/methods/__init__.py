@@ -248,6 +248,10 @@ class Method:
     needs: Needs = Needs()  # what it needs of the model (``Needs``); a RoPE method: ``ROPE``
     checkpoint_rope: dict | None = None  # set by apply() when the loaded config already carried a rope scaling
     checkpoint_attention: dict | None = None  # set by apply() when the method does not apply the config's window
+    # train.sequence_parallel > 1: why this method cannot train with its sequence split over ranks ("" = it can),
+    # and whether its batches restart positions per document (harness.train.zero.sequence)
+    sequence_parallel: str = ""
+    restarts_positions: bool = False
 
     def __init__(self, args):
         self.args = args

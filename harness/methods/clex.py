@@ -35,6 +35,7 @@ from torch import nn
 from harness.config import ConfigError
 from harness.methods import METHODS, ROPE, Method, MethodArgs
 from harness.methods.rope import CacheRefresh, default_inv_freq, register_rope_type, rope_dims, set_rope_parameters
+from harness.sequence_group import agreed, global_tokens, slice_offset
 
 PREFIX = "model.rotary_emb."
 
@@ -133,9 +134,12 @@ class CLEXRotaryEmbedding(nn.Module):
 
     def forward(self, x, position_ids):
         if self.training:
+            # under sequence parallelism this rank holds one slice: t and the positions are drawn for the whole
+            # sequence, the group's first rank's draw is everyone's, and each rank takes its slice's part
             n = position_ids.shape[-1]
-            t = int(torch.randint(1, self.max_t + 1, (1,)))
-            pos = self.train_positions(n, t, x.device)[None]
+            t = int(agreed(torch.randint(1, self.max_t + 1, (1,)).to(x.device)))
+            whole = agreed(self.train_positions(global_tokens(n), t, x.device))
+            pos = whole[slice_offset(n): slice_offset(n) + n][None]
             theta = self.inv_freq.float() if t == 1 else self.solve(t)
         else:
             pos = position_ids.float()

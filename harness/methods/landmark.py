@@ -312,6 +312,8 @@ def _decoder_forward(self, input_ids=None, attention_mask=None, position_ids=Non
 @METHODS.register("landmark")
 class Landmark(Method):
     needs = BLOCKWISE
+    sequence_parallel = ("inserts a landmark token after every block of the training sequence: its length and "
+                         "token order change, and a sequence-parallel group splits one fixed-length sequence")
 
     @dataclass
     class Args(MethodArgs):

@@ -141,6 +141,9 @@ def merge_lora(model) -> int:
 @METHODS.register("longlora")
 class LongLoRA(Method):
     needs = Needs(rope=True, attention_interface=True)
+    sequence_parallel = ("trains with S2-Attn, which shifts half of the heads by half a group: a rank of a sequence-"
+                         "parallel group attends with its own subset of the heads, so which heads shift would "
+                         "depend on the rank")
 
     @dataclass
     class Args(MethodArgs):

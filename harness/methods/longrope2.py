@@ -59,6 +59,7 @@ register_rope_type("longrope2", longrope2_parameters,
 @METHODS.register("longrope2")
 class LongRoPE2(Method):
     needs = ROPE
+    restarts_positions = True  # mixed context windows: short rows of documents with their own positions
 
     @dataclass
     class Args(MethodArgs):

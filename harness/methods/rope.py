@@ -7,6 +7,7 @@ import torch
 
 from harness.config import ConfigError
 from harness.methods import STATIC_ROPE
+from harness.sequence_group import global_length
 
 
 def rope_base(config) -> float:
@@ -133,8 +134,13 @@ def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
 
 
+STATELESS_LONGROPE = "longrope_by_length"  # a longrope rotary module whose switch only LengthDependentRope makes
+
+
 def seq_len_of(position_ids) -> int:
-    return int(position_ids.max()) + 1
+    """The sequence length a length-dependent RoPE reads, ``max(position_ids) + 1``: of the whole sequence under
+    sequence parallelism (``harness.sequence_group.global_length``), where a rank holds only a slice of it."""
+    return global_length(position_ids)
 
 
 class LengthDependentRope:
@@ -173,9 +179,20 @@ class LengthDependentRope:
 
 
 def install_length_dependent(model, fn) -> list:
-    """Install :class:`LengthDependentRope` on every rotary module; sets ``module.rope_state(seq_len, device)``."""
+    """Install :class:`LengthDependentRope` on every rotary module; sets ``module.rope_state(seq_len, device)``.
+
+    A ``longrope`` module's own switch (transformers' ``dynamic_rope_update``, inside its forward) reads
+    ``max(position_ids) + 1`` of the positions it is given: under sequence parallelism a rank's slice, so rank 0 of
+    2 at 2C would pick the short factors. The module's ``rope_type`` is renamed (``STATELESS_LONGROPE``, the same
+    init function) so that switch stays inert and this hook, which asks the group for the length, decides alone
+    (the same choice on one rank: ``seq_len > original_max_position_embeddings``)."""
     hooks = []
     for m in rotary_modules(model):
+        if getattr(m, "rope_type", None) == "longrope":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            ROPE_INIT_FUNCTIONS.setdefault(STATELESS_LONGROPE, ROPE_INIT_FUNCTIONS["longrope"])
+            m.rope_type = STATELESS_LONGROPE
         h = LengthDependentRope(m, fn)
         m.rope_state = h.state
         hooks.append(h)

@@ -101,7 +101,9 @@ def points_table(p: dict):
             m = tr["memory_gib_per_rank"]
             state = sum(m[k] for k in ("parameters", "gradients", "optimizer", "ema", "gathered_parameters"))
             act = sum(v for k, v in m.items() if k.startswith("activations."))
-            cells = [str(tr["seq_len"]), f"{tr['tokens'] / 1e9:.2f}B", str(tr["steps"]),
+            sp = tr.get("sequence_parallel", 1)
+            cells = [f"{tr['seq_len']}" + (f" (SP {sp})" if sp > 1 else ""), f"{tr['tokens'] / 1e9:.2f}B",
+                     str(tr["steps"]),
                      f"{m['total']:.1f} ({state:.1f} / {act:.1f})", "yes" if tr["fits"] else "NO",
                      f"{tr['gpu_hours']:.0f}"]
         else:

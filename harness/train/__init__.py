@@ -35,6 +35,10 @@ class TrainArgs:
     global_batch: int = 32  # sequences per optimizer step = micro_batch x grad accumulation x world size
     micro_batch: int = 1
     world_size: int = 1  # ranks for the deepspeed engine (torchrun --nproc_per_node)
+    # deepspeed engine: ranks that share one sequence (DeepSpeed Ulysses: each holds seq_len / N tokens, attention
+    # head-parallel); world_size / N sequences in parallel (harness.train.zero.sequence)
+    sequence_parallel: int = 1
+    logits_tile_mib: int = 256  # sequence_parallel > 1: the LM head's fp32 logits per loss tile (TiledFusedLogitsLoss)
     lr: float = 2e-5
     schedule: str = "constant_with_warmup"  # constant_with_warmup | linear | cosine (after the linear warm-up)
     warmup_steps: int = 20
@@ -65,12 +69,33 @@ class TrainArgs:
         n = self.tokens // (self.global_batch * self.seq_len) if self.seq_len > 0 else 0
         return min(n, self.max_steps) if self.max_steps else n
 
+    def data_parallel(self) -> int:
+        """Sequences in flight at once: the ranks over the ranks that share one sequence."""
+        return max(1, self.world_size // max(1, self.sequence_parallel))
+
     def accumulation(self) -> int:
-        per = self.micro_batch * self.world_size
+        per = self.micro_batch * self.data_parallel()
         if self.global_batch % per:
+            sp = f" / sequence_parallel {self.sequence_parallel}" if self.sequence_parallel > 1 else ""
             raise ConfigError(f"train: global_batch {self.global_batch} is not a multiple of micro_batch x "
-                              f"world_size = {per}")
+                              f"world_size{sp} = {per}")
         return self.global_batch // per
+
+    def check_sequence_parallel(self) -> None:
+        sp = self.sequence_parallel
+        if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+            raise ConfigError(f"train.sequence_parallel: {sp!r} is not a rank count (valid: an integer >= 1; 1 = off)")
+        if sp == 1:
+            return
+        if self.engine != "deepspeed":
+            raise ConfigError(f"train.sequence_parallel={sp} needs train.engine=deepspeed (the single engine has one "
+                              f"rank)")
+        if self.world_size % sp:
+            raise ConfigError(f"train.sequence_parallel={sp} does not divide train.world_size={self.world_size} "
+                              f"(valid: a divisor of the ranks)")
+        if self.seq_len % sp:
+            raise ConfigError(f"train.sequence_parallel={sp} does not divide train.seq_len={self.seq_len} (every "
+                              f"rank holds an equal slice; valid: a divisor of the training length)")
 
     def validate(self) -> None:
         if not self.enabled:
@@ -99,6 +124,7 @@ class TrainArgs:
             raise ConfigError(f"train={self.name}: unknown engine {self.engine!r} (single | deepspeed)")
         if self.engine == "deepspeed" and self.optimizer not in ("auto", "torch", "deepspeed"):
             raise ConfigError(f"train={self.name}: unknown optimizer {self.optimizer!r} (auto | torch | deepspeed)")
+        self.check_sequence_parallel()
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train={self.name}: ema_decay must be in [0, 1), got {self.ema_decay}")
         self.accumulation()

@@ -43,16 +43,22 @@ def scheduler(a, opt, total: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(a.schedule, a.warmup_steps, total))
 
 
-def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None) -> torch.Tensor:
+def micro_step(model, batch: dict, accumulation: int, dtype: str, backward=None, loss_fn=None) -> torch.Tensor:
     """Forward + backward of one micro-batch, loss scaled by 1/accumulation. Returns the unscaled loss as a
     detached 0-d tensor: no host sync here (on GPU a per-micro-batch ``.item()`` stalls the launch queue between
     forward and backward); the caller reads the step's losses once with ``step_loss``.
 
-    ``backward`` lets an engine own the backward call (DeepSpeed: ``engine.backward``)."""
+    ``backward`` lets an engine own the backward call (DeepSpeed: ``engine.backward``); ``loss_fn(model, batch,
+    accumulation) -> (to back-propagate, loss)`` replaces the model's own loss (sequence parallelism's slice loss,
+    ``harness.train.zero.sequence``)."""
     dev = next(model.parameters()).device
     with autocast(dev, dtype):
-        loss = model(**batch).loss
-    (backward or torch.Tensor.backward)(loss / accumulation)
+        if loss_fn is None:
+            loss = model(**batch).loss
+            scaled = loss / accumulation
+        else:
+            scaled, loss = loss_fn(model, batch, accumulation)
+    (backward or torch.Tensor.backward)(scaled)
     return loss.detach()
 
 

@@ -66,6 +66,9 @@ def ds_config(a: TrainArgs, on_gpu: bool = False) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if a.sequence_parallel > 1:
+        cfg["sequence_parallel_size"] = a.sequence_parallel  # DeepSpeed's data-parallel size is world / this
+        zero["reduce_scatter"] = True  # the gradient average the sequence-parallel loss is scaled for (sequence.py)
     if a.offload and not use_ds_optimizer(a, on_gpu):
         cfg["zero_force_ds_cpu_optimizer"] = False  # train.optimizer=torch with offload: asked for explicitly
     if use_ds_optimizer(a, on_gpu):

@@ -31,10 +31,12 @@ from harness.train.ema import EMA
 from harness.train.ema import record as ema_record
 from harness.train.loop import batches_for_step
 from harness.train.step import add_document_positions, micro_step, scheduler, step_loss
+from harness.train.zero import sequence
 from harness.train.zero.config import OPTIMIZERS, client_optimizer, ds_config, optimizer_kind
 from harness.train.zero.launch import PREEMPTED_FILE, STOP_FILE, STOP_SIGNALS, watch_launcher
 from harness.train.zero.partition import gather_full, partition
 from harness.train.zero.resume import resume, safe_checkpoint_engine, save
+from harness.train.zero.sequence import SequenceParallel
 
 
 def reduce_step(loss: float, stop: bool, dev) -> torch.Tensor:
@@ -84,6 +86,7 @@ class Job:
     out_dir: Path
     t_start: float
     phases: dict = field(default_factory=dict)
+    sp: SequenceParallel | None = None  # this rank's sequence-parallel group (train.sequence_parallel > 1)
 
     @property
     def tag(self) -> str:
@@ -167,6 +170,7 @@ def initialize(job: Job, handle, method):
 
     a, model = job.a, handle.model
     method.train_mode(handle)
+    job.sp = sequence.setup(model, a, method)  # the attention it trains with, wrapped by DeepSpeed's Ulysses
     if a.grad_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -176,7 +180,8 @@ def initialize(job: Job, handle, method):
     client = client_optimizer(a, params, job.on_gpu)  # ZeRO hands it its fp32 partitions (on the GPU)
     sched_fn = lambda opt: scheduler(a, opt, total)  # noqa: E731
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=client,
-                                           lr_scheduler=sched_fn, config=conf)
+                                           lr_scheduler=sched_fn, config=conf,
+                                           **({"mpu": job.sp.mpu} if job.sp is not None else {}))
     job.phase("deepspeed_initialize")
     ema = EMA(engine.module, a.ema_decay, a.ema_bias_correction, local=partition) if a.ema else None
     return engine, ema, conf
@@ -188,22 +193,28 @@ def run_steps(job: Job, engine, ema, store: Store, method, chunks, bos, done: Pr
     a, total, acc = job.a, job.a.steps(), job.a.accumulation()
     tokens_per_step = a.global_batch * a.seq_len
     backward = lambda loss: engine.backward(loss, scale_wrt_gas=False)  # noqa: E731  (micro_step scales)
+    sp = job.sp
+    # the sequences in flight: one per group of ranks sharing a sequence (consecutive ranks, DeepSpeed's groups)
+    dp_rank, dp = job.rank // a.sequence_parallel, a.data_parallel()
     t0 = time.time()
     for step in range(done.start, total):
         micro = []
-        for ids in batches_for_step(chunks, step, acc, a.micro_batch, job.rank, job.world):
+        for ids in batches_for_step(chunks, step, acc, a.micro_batch, dp_rank, dp):
             batch = method.train_batch(ids)
             if a.doc_masking and bos is not None:
                 batch = add_document_positions(batch, bos)
+            if sp is not None:
+                batch = sp.shard(batch)
             batch = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-            micro.append(micro_step(engine, batch, acc, a.autocast, backward=backward))
+            micro.append(micro_step(engine, batch, acc, a.autocast, backward=backward,
+                                    loss_fn=sp.loss if sp is not None else None))
             if len(micro) == acc:  # one host sync per step, before the boundary step() can apply a NaN update
                 loss = step_loss(micro, acc, step, total)
             engine.step()  # DeepSpeed updates only at the accumulation boundary
         if ema is not None:
             ema.update()
         loss_sum, stopping = reduce_step(loss, job.stop.requested(), dev).tolist()  # all ranks agree on stopping
-        done.losses.append(loss_sum / job.world)
+        done.losses.append(loss_sum / dp)  # a group's ranks hold shares of one sequence's loss
         if job.rank == 0 and (a.log_every and ((step + 1) % a.log_every == 0 or step + 1 == total)):
             el = time.time() - t0
             tps = tokens_per_step * (step + 1 - done.start) / max(el, 1e-9)
@@ -254,7 +265,8 @@ def finish(job: Job, engine, ema, conf: dict, store: Store, done: Progress, wall
         "engine": "deepspeed", "zero_stage": a.zero_stage, "offload": a.offload, "bf16": conf["bf16"]["enabled"],
         "optimizer": OPTIMIZERS[optimizer_kind(a, job.on_gpu)],
         "steps": total, "resumed_from_step": done.resumed_from, "tokens_seen": tokens_per_step * total,
-        "seq_len": a.seq_len, "effective_global_batch": a.micro_batch * a.accumulation() * world,
+        "seq_len": a.seq_len, "effective_global_batch": a.micro_batch * a.accumulation() * a.data_parallel(),
+        "sequence_parallel": a.sequence_parallel,
         "micro_batch": a.micro_batch, "grad_accumulation": a.accumulation(), "world_size": world, "lr": a.lr,
         "schedule": a.schedule, "warmup_steps": a.warmup_steps, "weight_decay": a.weight_decay,
         "ema": ema_record(ema), "ema_scope": "per-rank ZeRO partitions" if a.ema else None,

@@ -26,8 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = dict(os.environ)  # the session's environment, before any test changes it
 # set in the test process by what its tests run, and read when used, not when imported: torch's inductor sets its
-# cache folder once it compiles; pytest names the running test
-CALL_TIME = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM"}
+# cache folder once it compiles; pytest names the running test; Hydra reads HYDRA_FULL_ERROR when a job fails
+# (lifecycle.run_guarded sets it in-process); torch reads PYTORCH_NVML_BASED_CUDA_CHECK when asked whether CUDA is
+# there (importing deepspeed sets it in-process: every later command fell back to subprocess); sklearn / joblib set
+# KMP_* on import (Intel OpenMP's; torch here runs GNU OpenMP), torch's inductor KMP_DUPLICATE_LIB_OK, the engine's
+# op prebuild TORCH_EXTENSIONS_DIR (read when an op builds), huggingface_hub HF_XET_HIGH_PERFORMANCE (downloads only)
+CALL_TIME = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM", "HYDRA_FULL_ERROR",
+             "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCH_EXTENSIONS_DIR",
+             "HF_XET_HIGH_PERFORMANCE"}
 PRELOAD = ["harness.app"]
 _CTX: list = []
 
@@ -105,10 +111,14 @@ def run(cmd, env: dict | None = None, cwd=None, timeout: float | None = None, ca
     env = dict(os.environ if env is None else env)
     target = _target(cmd)
     if target is None or kw or not capture_output or not text or not _same_libraries_env(env):
-        if os.environ.get("FORKRUN_DEBUG"):
+        if os.environ.get("FORKRUN_DEBUG") or os.environ.get("FORKRUN_LOG"):
             diff = sorted(k for k in set(env) | set(SNAPSHOT) if env.get(k) != SNAPSHOT.get(k))
-            print(f"forkrun: subprocess for {cmd[:3]} (target {target}, kw {sorted(kw)}, env {diff})",
-                  file=sys.__stderr__)
+            line = f"forkrun: subprocess for {cmd[:3]} (target {target}, kw {sorted(kw)}, env {diff})"
+            if os.environ.get("FORKRUN_LOG"):  # a file: one line per fallback, to see what a whole run falls back on
+                with open(os.environ["FORKRUN_LOG"], "a") as f:
+                    print(os.environ.get("PYTEST_CURRENT_TEST", ""), line, file=f)
+            else:
+                print(line, file=sys.__stderr__)
         return subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, capture_output=capture_output, text=text, **kw)
     kind, name = target
     cwd = str(cwd or os.getcwd())

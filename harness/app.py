@@ -24,14 +24,19 @@ from omegaconf import DictConfig
 from harness import api, lifecycle, precheck, report, shards, tracking
 from harness.conf_utils import CONF_DIR, installed_table_lines
 from harness.train import Terminated
+from harness.train.zero import nodes
+from harness.train.zero.launch import follow
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         precheck.resolve_model(cfg)  # model=hub: a missing or wrong checkpoint is one line before anything starts
+        node = nodes.role(cfg)  # train.nodes > 1: this node's place; a Slurm step of the wrong size is refused
     except Exception as e:  # noqa: BLE001 - one line, a failed row, exit 2
         precheck.refuse_in_job(e)
+    if node is not None and node.follower:  # another node than node 0: join its training, no row, no evaluation
+        sys.exit(follow(cfg, node, hydra.core.hydra_config.HydraConfig.get().runtime.output_dir))
     if cfg.get("shard") is not None:  # sharded evaluation (+shard=...): jobs that share one row, harness/shards.py
         return _sharded(cfg)
     lifecycle.raise_on_sigterm()                                                  # kill / Slurm -> a failed row

@@ -13,7 +13,6 @@ from harness.models import MODELS
 from harness.safe import env_setting
 from harness.sweeps import SweepJobError, first_values
 from harness.train import TrainArgs
-from harness.train.zero.launch import one_node_step
 
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "--resolve", "--version", "--shell-completion", "-sc")
 
@@ -25,8 +24,8 @@ def precheck_or_exit(argv: list[str]) -> None:
     launched; a sweep with the Slurm launcher is submitted by ``harness.submit`` and ``run.py`` exits at once
     (``_submit_to_slurm``). A single run is not composed here: Hydra composes it once, and a command line that does
     not compose or resolve reaches ``refuse`` through ``harness.lifecycle.run_guarded`` (the same line, row and exit
-    code); only a single run inside a Slurm step of several nodes is refused here
-    (``harness.train.deepspeed_engine.one_node_step``). Nothing is checked for help / ``--cfg`` / other ``--`` flags,
+    code), and so does a Slurm step whose nodes are not the run's ``train.nodes`` (``harness.app``,
+    ``harness.train.zero.nodes.role``). Nothing is checked for help / ``--cfg`` / other ``--`` flags,
     or with ``hydra.searchpath`` (extra config directories this check cannot see); other ``hydra...`` overrides
     (launcher, sweep dirs) are left to Hydra and do not affect the jobs' configs."""
     multirun, flags = _multirun(argv), _flags(argv)
@@ -38,8 +37,6 @@ def precheck_or_exit(argv: list[str]) -> None:
     try:
         if multirun:
             _precheck_sweep(overrides, "config", _validate_run)
-        else:
-            one_node_step()  # inside a Slurm job: one node per run
     except Exception as e:  # noqa: BLE001 - every failure: one line + a failed row
         refuse(e, overrides)
 

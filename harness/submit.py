@@ -14,10 +14,10 @@ the training's handlers and submitit's requeue (``Point.checkpoint``) as under t
 same directory, its row keeps its run_id and training resumes from its newest checkpoint.
 
 Refused at submission, each in one line (``ConfigError``):
-- more than one node (``hydra.launcher.nodes > 1``) or ``train.world_size`` other than the node's GPUs: ``run.py``
-  trains with ``torchrun --standalone`` on its own node, so a second node would run the whole point again
-  (``one_node``); the same rule holds in ``scripts/render_sbatch.py`` and, inside a job, in ``run.py`` and the
-  training launcher (``harness.train.deepspeed_engine.one_node_step``);
+- ``hydra.launcher.nodes`` other than a training point's ``train.nodes`` (1 for a point that trains nothing), or
+  ``train.world_size`` other than the job's GPUs (``nodes_rule``): every node runs the point's ``run.py``, node 0
+  the whole run and the others their share of the training ranks (``harness.train.zero.nodes``); the same rule
+  holds in ``scripts/render_sbatch.py`` and, inside a job, in ``run.py`` (``harness.train.zero.nodes.role``);
 - checkpoints inside the checkout: the launcher's setup exports ``HARNESS_CKPT_DIR`` (default
   ``$SCRATCH/long-context-harness/ckpt``); ``job_ckpt_dir`` evaluates that line as the job will and refuses a
   ``paths.ckpt_dir`` that resolves inside this repository (``make plan`` prints the space a point needs).
@@ -44,20 +44,24 @@ CKPT_EXPORT = "export HARNESS_CKPT_DIR="  # the launcher setup line that places 
 
 
 # ----------------------------------------------------------------------------------------------- the rules
-def one_node(launcher: dict, cfgs: list) -> None:
-    """Refuse a job of more than one node, and a training point whose ranks are not the node's GPUs: ``run.py``
-    starts ``torchrun --standalone --nproc_per_node=train.world_size`` on the node it runs on."""
+def nodes_rule(launcher: dict, cfgs: list) -> None:
+    """Refuse a job whose nodes are not its training point's ``train.nodes`` (a point that trains nothing runs on
+    one node), and a training point whose ranks are not all the job's GPUs: every node's ``run.py`` starts
+    ``torchrun --nproc_per_node=train.world_size / train.nodes`` there (``harness.train.zero.nodes``)."""
     nodes, gpus = int(launcher.get("nodes") or 1), int(launcher.get("gpus_per_node") or 0)
-    if nodes != 1:
-        raise ConfigError(f"hydra.launcher.nodes={nodes}: a point runs on one node (run.py trains with torchrun "
-                          f"--standalone there; another node would run the whole point again); use "
-                          f"hydra.launcher.nodes=1 and train.world_size <= hydra.launcher.gpus_per_node")
     for cfg in cfgs:
         t = cfg.train
-        if t.get("enabled") and t.get("engine") == "deepspeed" and int(t.get("world_size", 1)) != gpus:
-            raise ConfigError(f"train.world_size={t.world_size} but a job has one node of {gpus} GPUs "
-                              f"(hydra.launcher.gpus_per_node): set train.world_size={gpus} or "
-                              f"hydra.launcher.gpus_per_node={t.world_size} (at most one node's GPUs)")
+        trains = bool(t.get("enabled")) and t.get("engine") == "deepspeed"
+        want = int(t.get("nodes") or 1) if trains else 1
+        if nodes != want:
+            what = f"train.nodes={want}" if trains else "a point that trains nothing runs on one node"
+            raise ConfigError(f"hydra.launcher.nodes={nodes} but {what} (every node runs the point's run.py; "
+                              f"node 0 writes the row): use hydra.launcher.nodes={want}"
+                              + ("" if trains else ", or sweep the frozen points apart from the fine-tuned ones"))
+        if trains and int(t.get("world_size", 1)) != gpus * nodes:
+            raise ConfigError(f"train.world_size={t.world_size} but a job has {nodes} node(s) of {gpus} GPUs "
+                              f"(hydra.launcher.gpus_per_node): set train.world_size={gpus * nodes} or "
+                              f"hydra.launcher.gpus_per_node={int(t.world_size) // nodes}")
 
 
 def job_ckpt_dir(cfg, setup: list[str], cwd: Path | None = None, env=None) -> Path:
@@ -164,7 +168,7 @@ def plan_sweep(overrides: list[str], cluster: str = "slurm") -> dict:
         with open_dict(cfg):
             cfg.hydra.sweep.dir = sweep_dir
     launcher = OmegaConf.to_container(first.hydra.launcher, resolve=True)
-    one_node(launcher, cfgs)
+    nodes_rule(launcher, cfgs)
     cwd = Path.cwd()
     ckpt = str(job_ckpt_dir(first, list(launcher.get("setup") or []), cwd)) if cluster == "slurm" else None
     points = []

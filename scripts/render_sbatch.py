@@ -8,13 +8,14 @@
 
 The generated script runs ``python run.py <point overrides> hydra.run.dir=<fixed per array task>`` with ``srun
 --cpus-per-task=<cpus_per_task>`` on the allocation (srun >= 22.05 no longer inherits it from sbatch: its one task,
-run.py and the ranks torchrun starts over the node's GPUs, would get one CPU). Requeue: ``--requeue`` (preemption)
-and ``--signal=B:USR1@<signal_delay_s>`` + a trap that, near the time limit, sends SIGUSR2 to run.py (its training
-saves a checkpoint and stops), waits for it and calls ``scontrol requeue``; the requeued task runs in the same
-directory, so its row keeps its run_id and training resumes from the newest checkpoint. The rules of a submission
-(``harness.submit``) hold here too: one node per point (``nodes > 1`` or ``train.world_size`` other than the node's
-GPUs is refused), checkpoints under ``$HARNESS_CKPT_DIR`` or ``$SCRATCH`` (the launcher's setup line, rendered as is:
-the script stops at that line when neither is set where it runs).
+run.py and the ranks torchrun starts over the node's GPUs, would get one CPU). Requeue: ``--requeue`` (preemption) and
+``--signal=B:USR1@<signal_delay_s>`` + a trap that, near the time limit, sends SIGUSR2 to run.py (its training saves a
+checkpoint and stops), waits for it and calls ``scontrol requeue``; the requeued task runs in the same directory, so
+its row keeps its run_id and training resumes from the newest checkpoint. The rules of a submission
+(``harness.submit``) hold here too: a job's nodes are its point's ``train.nodes`` and its GPUs the point's
+``train.world_size`` (one task per node: every node runs ``run.py``, ``harness.train.zero.nodes``), checkpoints under
+``$HARNESS_CKPT_DIR`` or ``$SCRATCH`` (the launcher's setup line, rendered as is: the script stops at that line when
+neither is set where it runs).
 """
 from __future__ import annotations
 
@@ -58,14 +59,14 @@ def render(overrides: list[str], name: str | None = None) -> str:
     exp = OmegaConf.select(cfgs[0], "study.experiment") or "sweep"
     name = check_name(name or exp, "the job name (--name / study.experiment)")
     try:
-        submit.one_node(lc, cfgs)
+        submit.nodes_rule(lc, cfgs)
     except ConfigError as e:
         raise SystemExit(f"render_sbatch: {e}") from None
-    gpus = int(lc.get("gpus_per_node") or 0)
+    gpus, n_nodes = int(lc.get("gpus_per_node") or 0), int(lc.get("nodes") or 1)
     cpus = int(OmegaConf.select(cfgs[0], "hydra.launcher.cpus_per_task") or 1)  # srun >= 22.05 does not inherit it
     setup = OmegaConf.to_container(cfgs[0].hydra.launcher, resolve=True).get("setup") or []
     out_dir = f"{cfgs[0].paths.output_dir}/slurm/{name}"
-    sb = [("job-name", name), ("nodes", 1), ("ntasks-per-node", 1), ("gpus-per-node", gpus),
+    sb = [("job-name", name), ("nodes", n_nodes), ("ntasks-per-node", 1), ("gpus-per-node", gpus),
           ("cpus-per-task", cpus), ("mem", f"{lc.get('mem_gb')}G"), ("time", _time(lc["timeout_min"]))]
     site = []
     for key in ("partition", "account", "qos", "constraint"):
@@ -106,11 +107,13 @@ def render(overrides: list[str], name: str | None = None) -> str:
         "# (harness/train/deepspeed_engine.py, Preemption); then requeue. A preemption's SIGTERM does the same.",
         "trap 'echo \"$(date): time limit near: saving, then requeueing\"; kill -USR2 \"$SRUN_PID\" || true; "
         "wait \"$SRUN_PID\" || true; scontrol requeue \"$SLURM_JOB_ID\"; exit 0' USR1",
-        "# the training inside run.py is the distributed engine's: "
-        "torchrun --nproc_per_node=train.world_size on this node. One run directory per array task, the same",
+        "# the training inside run.py is the distributed engine's: torchrun --nproc_per_node=train.world_size / "
+        "train.nodes on each node",
+        "# (one run.py per node: node 0 writes the row). One run directory per array task, the same",
         "# after a requeue: the row keeps its run_id, training resumes from its newest checkpoint (keyed by config",
         "# fingerprint under paths.ckpt_dir).",
-        f'srun --ntasks=1 --cpus-per-task={cpus} --gpus-per-node={gpus} python run.py "${{POINT[@]}}" '
+        f'srun --ntasks={n_nodes} --ntasks-per-node=1 --cpus-per-task={cpus} --gpus-per-node={gpus} '
+        'python run.py "${POINT[@]}" '
         + shell_word(hydra_dir) + '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\'" &',
         "SRUN_PID=$!",
         'wait "$SRUN_PID"',

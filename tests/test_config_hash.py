@@ -30,7 +30,7 @@ def test_the_committed_tiny_study_rows_still_match_their_points(monkeypatch):
 OUT_OF_THE_HASH = {"device", "eval_world_size", "paths.results_dir", "paths.output_dir", "paths.ckpt_dir",
                    "paths.cache_dir", "paths.eval_root", "logger.name", "logger.mode", "logger.project", "logger.group",
                    "data.cache_dir", "data.max_tokens", "data.scale", "data.larger", "train.save_every",
-                   "train.log_every", "train.keep_checkpoints", "method.facts", "cost.limit_s"}
+                   "train.log_every", "train.keep_checkpoints", "train.nodes", "method.facts", "cost.limit_s"}
 
 
 def _leaves(cfg: dict) -> list[str]:

@@ -19,6 +19,7 @@ from conftest import ROOT, load_file_module
 
 from harness import submit, sweeps
 from harness.config import ConfigError
+from harness.train import TrainArgs
 from tests import forkrun
 
 PI = ["experiment=paper_llama2", "point=paper_llama2/pi", "hydra/launcher=slurm_a100"]
@@ -35,40 +36,43 @@ def _launcher(overrides: list[str]) -> tuple[dict, object]:
     return OmegaConf.to_container(cfg.hydra.launcher, resolve=True), cfg
 
 
-def test_one_node_per_point():
-    """The launcher's own config passes; two nodes, or 16 ranks on an 8-GPU node, are one line naming the fix."""
+def test_a_job_s_nodes_are_its_point_s():
+    """The launcher's own config passes; two nodes for a one-node point, or 16 ranks on one 8-GPU node, are one line
+    naming the fix (tests/test_multinode.py: a point that asks for two nodes)."""
     launcher, cfg = _launcher(PI)
-    submit.one_node(launcher, [cfg])
+    submit.nodes_rule(launcher, [cfg])
     two, cfg2 = _launcher([*PI, "hydra.launcher.nodes=2", "train.world_size=16"])
-    with pytest.raises(ConfigError, match=r"hydra.launcher.nodes=2: a point runs on one node") as e:
-        submit.one_node(two, [cfg2])
+    with pytest.raises(ConfigError, match=r"hydra.launcher.nodes=2 but train.nodes=1") as e:
+        submit.nodes_rule(two, [cfg2])
     assert "\n" not in str(e.value)
     wide, cfg3 = _launcher([*PI, "train.world_size=16"])
-    with pytest.raises(ConfigError, match=r"train.world_size=16 but a job has one node of 8 GPUs"):
-        submit.one_node(wide, [cfg3])
+    with pytest.raises(ConfigError, match=r"train.world_size=16 but a job has 1 node\(s\) of 8 GPUs"):
+        submit.nodes_rule(wide, [cfg3])
     frozen, cfg4 = _launcher(["experiment=paper_llama2", "point=paper_llama2/base", "hydra/launcher=slurm_a100",
                               "hydra.launcher.gpus_per_node=4"])
-    submit.one_node(frozen, [cfg4])  # a frozen point trains nothing: any GPU count
+    submit.nodes_rule(frozen, [cfg4])  # a frozen point trains nothing: any GPU count
     text = (ROOT / "conf" / "hydra" / "launcher" / "slurm_a100.yaml").read_text()
     assert "nodes=2" not in text and "world_size=16" not in text  # the old suggestion is gone
 
 
-def test_inside_a_job_one_node_and_the_node_s_gpus(tmp_path, capsys):
-    """In a Slurm step of two nodes run.py and the training launcher refuse (each node would train its own copy);
-    more ranks than the node's GPUs are refused; checkpoints in the checkout inside a job are warned about."""
-    from harness.train.deepspeed_engine import one_node_launch, one_node_step
+def test_inside_a_job_the_step_s_nodes_and_the_node_s_gpus(tmp_path, capsys):
+    """In a Slurm step of two nodes a one-node run is refused (each node would train its own copy); more ranks per
+    node than the node's GPUs are refused; checkpoints in the checkout inside a job are warned about."""
+    from harness.train.deepspeed_engine import node_launch
 
-    one_node_step({"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"})  # a one-node step: fine
-    one_node_step({})
-    with pytest.raises(ConfigError, match="spans 2 nodes"):
-        one_node_step({"SLURM_STEP_NUM_NODES": "2"})
-    with pytest.raises(ConfigError, match="spans 2 nodes"):
-        one_node_launch(8, tmp_path, gpus=8, env={"SLURM_NNODES": "2"})
-    with pytest.raises(ConfigError, match=r"train.world_size=16 but this node has 8 GPUs"):
-        one_node_launch(16, tmp_path, gpus=8, env={})
-    one_node_launch(8, ROOT / "outputs" / "ckpt", gpus=8, env={"SLURM_JOB_ID": "7"})
+    def args(world, nodes=1):
+        return TrainArgs(name="t", enabled=True, engine="deepspeed", world_size=world, nodes=nodes, seq_len=8,
+                         tokens=64, global_batch=world)
+
+    node_launch(args(8), tmp_path, gpus=8, env={"SLURM_STEP_NUM_NODES": "1", "SLURM_JOB_NUM_NODES": "2"})
+    node_launch(args(8), tmp_path, gpus=8, env={})
+    with pytest.raises(ConfigError, match="spans 2 nodes but train.nodes=1"):
+        node_launch(args(8), tmp_path, gpus=8, env={"SLURM_NNODES": "2"})
+    with pytest.raises(ConfigError, match=r"8 ranks per node but this node has 4 GPUs: set train.world_size=8"):
+        node_launch(args(16, 2), tmp_path, gpus=4, env={"MASTER_ADDR": "a", "MASTER_PORT": "1", "NODE_RANK": "0"})
+    node_launch(args(8), ROOT / "outputs" / "ckpt", gpus=8, env={"SLURM_JOB_ID": "7"})
     assert "inside the checkout in a Slurm job" in capsys.readouterr().err
-    one_node_launch(2, tmp_path, gpus=0, env={"SLURM_JOB_ID": "7"})  # CPU (gloo): any rank count, scratch: quiet
+    node_launch(args(2), tmp_path, gpus=0, env={"SLURM_JOB_ID": "7"})  # CPU (gloo): any rank count, scratch: quiet
     assert capsys.readouterr().err == ""
 
 
@@ -123,19 +127,21 @@ def _fake_slurm(tmp_path: Path, sacct: str | None) -> dict:
 
 
 @pytest.mark.integration
-def test_run_py_refuses_two_nodes_before_submitting(tmp_path):
-    """`run.py -m ... hydra/launcher=slurm_a100 hydra.launcher.nodes=2` used to submit a job whose second node ran
-    the whole point again; now it is one line and nothing reaches sbatch."""
+def test_run_py_refuses_two_nodes_for_a_one_node_point_before_submitting(tmp_path):
+    """`run.py -m ... hydra/launcher=slurm_a100 hydra.launcher.nodes=2` for a point of ``train.nodes=1`` used to
+    submit a job whose second node ran the whole point again; now it is one line and nothing reaches sbatch; inside
+    a two-node step a run that trains nothing is refused too (each node would write its own row)."""
     env = _fake_slurm(tmp_path, None)
     cmd = [sys.executable, str(ROOT / "run.py"), "-m", *PI, "hydra.launcher.nodes=2", "train.world_size=16"]
     out = forkrun.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "hydra.launcher.nodes=2: a point runs on one node" in lines[0], out.stderr
+    assert len(lines) == 1 and "hydra.launcher.nodes=2 but train.nodes=1" in lines[0], out.stderr
     assert not list((tmp_path / "capture").iterdir())
     inside = forkrun.run([sys.executable, str(ROOT / "run.py"), "method=base", "train=none"], cwd=ROOT,
                             env={**env, "SLURM_STEP_NUM_NODES": "2"}, capture_output=True, text=True, timeout=300)
-    assert inside.returncode == 2 and "this Slurm step spans 2 nodes" in inside.stderr, inside.stderr[-2000:]
+    assert inside.returncode == 2, inside.stderr[-2000:]
+    assert "this Slurm step spans 2 nodes but the run trains nothing" in inside.stderr, inside.stderr[-2000:]
 
 
 @pytest.mark.integration
@@ -222,7 +228,7 @@ def test_render_sbatch_refuses_an_override_hydra_cannot_parse_in_one_line(tmp_pa
 
 def test_render_sbatch_keeps_the_same_rules(tmp_path):
     render_sbatch = load_file_module(ROOT / "scripts" / "render_sbatch.py")
-    with pytest.raises(SystemExit, match="hydra.launcher.nodes=2: a point runs on one node"):
+    with pytest.raises(SystemExit, match="hydra.launcher.nodes=2 but a point that trains nothing runs on one node"):
         render_sbatch.render(["experiment=paper_llama2", "hydra.launcher.nodes=2"])
     text = render_sbatch.render(["experiment=paper_llama2"])
     assert 'export HARNESS_CKPT_DIR="${HARNESS_CKPT_DIR:-${SCRATCH:?' in text  # resolved: bash's ${, no backslash

@@ -244,7 +244,7 @@ def test_plain_sbatch_template(tmp_path):
                  "--partition=a100-part", "--account=acct-42", "--array=0-11%16", "--requeue", "--signal=B:USR1@180"):
         assert f"#SBATCH {flag}\n" in text, flag
     assert "  11) POINT=(point=paper_llama2/ntk_64k_2b experiment=paper_llama2) ;;" in text
-    assert ('srun --ntasks=1 --cpus-per-task=64 --gpus-per-node=8 python run.py "${POINT[@]}" '
+    assert ('srun --ntasks=1 --ntasks-per-node=1 --cpus-per-task=64 --gpus-per-node=8 python run.py "${POINT[@]}" '
             "'hydra.run.dir='\"'\"'outputs/slurm/paper_llama2/'\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}'\" &"
             in text)  # 8 cores per GPU; srun >= 22.05 does not inherit --cpus-per-task from sbatch
     assert "scontrol requeue" in text and 'kill -USR2 "$SRUN_PID"' in text  # save, then requeue

@@ -34,7 +34,10 @@ class TrainArgs:
     tokens: int = 0  # tokens to train on (paper: 1B; 2B for NTK-64K-2B)
     global_batch: int = 32  # sequences per optimizer step = micro_batch x grad accumulation x world size
     micro_batch: int = 1
-    world_size: int = 1  # ranks for the deepspeed engine (torchrun --nproc_per_node)
+    world_size: int = 1  # ranks for the deepspeed engine, all nodes together
+    # deepspeed engine: nodes the ranks are spread over, world_size / nodes each (one launcher per node, the same
+    # run.py on every node; harness.train.zero.nodes); the same batches and weights as one node of world_size ranks
+    nodes: int = 1
     # deepspeed engine: ranks that share one sequence (DeepSpeed Ulysses: each holds seq_len / N tokens, attention
     # head-parallel); world_size / N sequences in parallel (harness.train.zero.sequence)
     sequence_parallel: int = 1
@@ -81,6 +84,16 @@ class TrainArgs:
                               f"world_size{sp} = {per}")
         return self.global_batch // per
 
+    def check_nodes(self) -> None:
+        n = self.nodes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"train.nodes: {n!r} is not a node count (valid: an integer >= 1)")
+        if n > 1 and self.engine != "deepspeed":
+            raise ConfigError(f"train.nodes={n} needs train.engine=deepspeed (the single engine runs in this process)")
+        if self.world_size % n:
+            raise ConfigError(f"train.nodes={n} does not divide train.world_size={self.world_size} (every node "
+                              f"starts the same number of ranks; valid: a divisor of the ranks)")
+
     def check_sequence_parallel(self) -> None:
         sp = self.sequence_parallel
         if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
@@ -93,6 +106,11 @@ class TrainArgs:
         if self.world_size % sp:
             raise ConfigError(f"train.sequence_parallel={sp} does not divide train.world_size={self.world_size} "
                               f"(valid: a divisor of the ranks)")
+        per = self.world_size // max(1, self.nodes)
+        if self.nodes > 1 and per % sp:
+            raise ConfigError(f"train.sequence_parallel={sp} does not divide the {per} ranks of a node "
+                              f"(train.world_size={self.world_size} over train.nodes={self.nodes}): a sequence's "
+                              f"all-to-all would cross nodes; valid: a divisor of {per}")
         if self.seq_len % sp:
             raise ConfigError(f"train.sequence_parallel={sp} does not divide train.seq_len={self.seq_len} (every "
                               f"rank holds an equal slice; valid: a divisor of the training length)")
@@ -124,6 +142,7 @@ class TrainArgs:
             raise ConfigError(f"train={self.name}: unknown engine {self.engine!r} (single | deepspeed)")
         if self.engine == "deepspeed" and self.optimizer not in ("auto", "torch", "deepspeed"):
             raise ConfigError(f"train={self.name}: unknown optimizer {self.optimizer!r} (auto | torch | deepspeed)")
+        self.check_nodes()
         self.check_sequence_parallel()
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train={self.name}: ema_decay must be in [0, 1), got {self.ema_decay}")

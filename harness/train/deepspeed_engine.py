@@ -5,8 +5,9 @@ Two halves:
 
 - ``launch(...)`` runs in the ``run.py`` process. It writes a job spec (the resolved config, the fingerprint, the
   checkpoint directory), starts ``torchrun --standalone --nproc_per_node=<train.world_size>
-  scripts/train_distributed.py <spec>``, waits, and loads the gathered final weights into ``handle.model`` (so the
-  evaluation that follows sees the fine-tuned, EMA-averaged model, exactly as with the single-process engine).
+  scripts/train_distributed.py <spec>`` (several nodes: the rendezvous below), waits, and loads the gathered final
+  weights into ``handle.model`` (so the evaluation that follows sees the fine-tuned, EMA-averaged model, exactly as
+  with the single-process engine).
 - ``train_rank(spec)`` runs in every rank (``scripts/train_distributed.py``). Each rank rebuilds the model and the
   method from the same config (deterministic), reads the same memory-mapped data cache, and trains its disjoint
   slice of every optimizer step (``batches_for_step(step, rank)``) with the step function the single engine uses
@@ -69,11 +70,13 @@ which torchrun stops its ranks, for a torchrun that is not preemptible, e.g. the
 its parent and the launching process (``HARNESS_LAUNCHER_PID``) and kills itself within a second of either
 disappearing, so a killed ``run.py`` never leaves ranks training and writing checkpoints.
 
+Several nodes (``train.nodes``; ``harness.train.zero.nodes``): every node runs the same ``run.py``; node 0 launches
+as above with ``torchrun --nnodes --node_rank=0`` at ``MASTER_ADDR:MASTER_PORT``, every other node joins with its
+own node rank (``follow``: its ranks receive the spec from rank 0, it writes no row). ``node_launch`` refuses a
+Slurm step whose nodes are not ``train.nodes`` and more ranks per node than the node's GPUs.
+
 Limitations: every rank loads the full model in host memory before DeepSpeed partitions it (no ``zero.Init``);
-for LLaMA2-7B in bf16 that is ~13.5 GB per rank. ``run.py`` launches one node (``one_node_launch`` refuses a
-Slurm step of several nodes and more ranks than the node's GPUs); for several nodes run
-``scripts/train_distributed.py <spec>`` under your own ``torchrun --nnodes ...`` with a spec written by a previous
-launch (``<run_dir>/train_job/spec.json``).
+for LLaMA2-7B in bf16 that is ~13.5 GB per rank.
 """
 from __future__ import annotations
 
@@ -93,10 +96,10 @@ from harness.train.zero.launch import (
     STOP_FILE,
     STOP_SIGNALS,
     SignalRelay,
+    follow,
     launch,
     load_final,
-    one_node_launch,
-    one_node_step,
+    node_launch,
     run_torchrun,
     train_job,
     watch_launcher,
@@ -108,6 +111,6 @@ from harness.train.zero.resume import deepspeed_safe_globals, resume, safe_check
 
 __all__ = ["ENTRY", "OPTIMIZERS", "PREEMPTED_EXIT", "PREEMPTED_FILE", "STOP_FILE", "STOP_SIGNALS", "SignalRelay",
            "StopFlag", "bf16_enabled", "client_optimizer", "deepspeed_safe_globals", "ds_config", "gather_full",
-           "launch", "load_final", "one_node_launch", "one_node_step", "optimizer_kind", "partition",
+           "follow", "launch", "load_final", "node_launch", "optimizer_kind", "partition",
            "prebuild_optimizer_op", "reduce_step", "resume", "run_torchrun", "safe_checkpoint_engine", "save",
            "train_job", "train_rank", "use_ds_optimizer", "watch_launcher", "write_spec"]

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import torch
 
-from harness.config import ConfigError
+from harness.config import ConfigError, to_args
 from harness.models import release, restore
 from harness.results import pid_alive
 from harness.train import Preempted, Terminated, TrainArgs
 from harness.train.zero.config import ROOT, prebuild_optimizer_op, torch_extensions_dir
+from harness.train.zero.nodes import Node, node
 
 ENTRY = ROOT / "scripts" / "train_distributed.py"
+JOIN = "--join"  # the entry point's argument on a follower node: the spec comes from rank 0
 
 PREEMPTED_EXIT = 85  # a rank's exit code after it saved a checkpoint on a stop request
 STOP_FILE, PREEMPTED_FILE = "stop_requested", "preempted.json"
@@ -103,23 +105,26 @@ def _torchrun_preexec() -> None:
         _die_with_parent(signal.SIGKILL)  # torchrun ignores SIGTERM now
 
 
-def run_torchrun(spec_path: Path, world_size: int, log=None, entry: Path | None = None,
-                 preemptible: bool | None = None) -> int:
+def run_torchrun(spec_path: Path | None, world_size: int, log=None, entry: Path | None = None,
+                 preemptible: bool | None = None, node: Node | None = None) -> int:
     """Start ``world_size`` ranks of ``entry`` (default: the training entry point) on this node and wait; returns
     torchrun's exit code. torchrun and its ranks end when this process ends, however it ends (see the module
     docstring). Data-parallel evaluation (``harness.eval_distributed``) starts its ranks with it too.
     ``preemptible`` (default: for the training entry point): torchrun ignores SIGTERM / SIGUSR2 and the ranks handle
-    them by saving and stopping (module docstring, "Preemption"); otherwise torchrun stops its ranks on SIGTERM."""
+    them by saving and stopping (module docstring, "Preemption"); otherwise torchrun stops its ranks on SIGTERM.
+    ``node`` (``harness.train.zero.nodes``): this node's share of a several-node job (its ``per_node`` ranks, the
+    rendezvous); ``spec_path=None`` on a follower node, whose ranks get the spec from rank 0 (``--join``)."""
+    node = node or Node(per_node=world_size)
     env = os.environ.copy()
     env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // node.per_node)))
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["HARNESS_LAUNCHER_PID"] = str(os.getpid())
     if preemptible is None:
         preemptible = entry is None
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", *node.torchrun_args(),
            *(["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"] if preemptible else []),  # SIGTERM: the ranks save first
-           str(entry or ENTRY), str(spec_path)]
+           str(entry or ENTRY), str(spec_path) if spec_path is not None else JOIN]
     if preemptible:
         preexec = _torchrun_preexec
     else:
@@ -167,14 +172,19 @@ def load_final(handle, method, out_dir: Path) -> dict:
     return info
 
 
-def train_job(spec_path: Path, world_size: int, log=None) -> int:
-    """torchrun over the training ranks with ``SignalRelay`` in place; raises ``Preempted`` (or hands the signal to
-    submitit) when the ranks stopped on a request after saving; else torchrun's exit code."""
-    job = Path(spec_path).parent
+def train_job(job: Path, world_size: int, log=None, node: Node | None = None) -> int:
+    """torchrun over the training ranks of ``<job>/spec.json`` with ``SignalRelay`` in place; raises ``Preempted``
+    (or hands the signal to submitit) when the ranks stopped on a request after saving; else torchrun's exit code.
+    A follower node (``node.follower``) joins node 0's ranks instead and returns torchrun's exit code: node 0's
+    launcher owns the stop files and reports a preemption."""
+    job = Path(job)
+    if node is not None and node.follower:
+        with SignalRelay(job):  # a stop request reaches every node's ranks through <job>/STOP_FILE
+            return run_torchrun(None, world_size, log, node=node)
     for name in (STOP_FILE, PREEMPTED_FILE):
         (job / name).unlink(missing_ok=True)
     with SignalRelay(job) as relay:
-        rc = run_torchrun(spec_path, world_size, log)
+        rc = run_torchrun(job / "spec.json", world_size, log, node=node)
     marker, message = job / PREEMPTED_FILE, None
     if marker.exists():
         m = json.loads(marker.read_text())
@@ -184,38 +194,46 @@ def train_job(spec_path: Path, world_size: int, log=None) -> int:
     return rc
 
 
-def one_node_step(env=None) -> None:
-    """Inside Slurm: refuse a job step that spans several nodes (every node would run this ``run.py``, train its
-    own copy and write its own row). ``SLURM_STEP_NUM_NODES`` is srun's step; outside srun, the job's nodes.
-    ``run.py`` checks it too (``harness.precheck``), and ``harness.submit`` refuses ``nodes > 1`` before submitting."""
+def node_launch(a: TrainArgs, ckpt_dir: Path, gpus: int | None = None, env=None) -> Node:
+    """This node's share of the training ranks (``harness.train.zero.nodes.node``: refuses a Slurm step whose nodes
+    are not ``train.nodes`` and a missing rendezvous) and, with CUDA, more ranks per node than this node's GPUs;
+    warns in one line when a Slurm job's checkpoints would go inside the checkout (``harness.submit``)."""
     env = os.environ if env is None else env
-    n = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    if n and int(n) > 1:
-        raise ConfigError(f"this Slurm step spans {n} nodes: run.py runs one point on one node (torchrun "
-                          f"--standalone); submit with hydra.launcher.nodes=1 (srun --nodes=1)")
-
-
-def one_node_launch(world_size: int, ckpt_dir: Path, gpus: int | None = None, env=None) -> None:
-    """``torchrun --standalone`` starts every rank on this node: refuse a Slurm step of several nodes
-    (``one_node_step``) and, with CUDA, more ranks than this node's GPUs; warn in one line when a Slurm job's
-    checkpoints would go inside the checkout (``harness.submit``)."""
-    env = os.environ if env is None else env
-    one_node_step(env)
+    n = node(a.world_size, a.nodes, env)
     if gpus is None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and world_size > gpus:
-        raise ConfigError(f"train.world_size={world_size} but this node has {gpus} GPUs (torchrun --standalone "
-                          f"starts every rank here): set train.world_size={gpus}")
+    if gpus and n.per_node > gpus:
+        raise ConfigError(f"train.world_size={a.world_size} over train.nodes={a.nodes} is {n.per_node} ranks per "
+                          f"node but this node has {gpus} GPUs: set train.world_size={gpus * a.nodes}")
     ckpt = Path(ckpt_dir).resolve()
     if env.get("SLURM_JOB_ID") and ROOT in ckpt.parents:
         print(f"warning: paths.ckpt_dir {ckpt} is inside the checkout in a Slurm job; set HARNESS_CKPT_DIR or "
               f"SCRATCH (conf/hydra/launcher/slurm_a100.yaml)", file=sys.stderr)
+    return n
+
+
+def follow(cfg, n: Node, run_dir: Path) -> int:
+    """A follower node's ``run.py``: join node 0's training (``torchrun ... --join``), then end without a row; the
+    exit code is torchrun's (0 after a stop request on which the ranks saved: node 0's launcher reports it)."""
+    a = to_args(TrainArgs, cfg.train, "train")
+    a.validate()
+    first = n.rank * n.per_node
+    print(f"node {n.rank} of {n.count}: joining node 0's training at {n.addr}:{n.port} with ranks "
+          f"{first}..{first + n.per_node - 1}; node 0 writes the row and evaluates", flush=True)
+    prebuild_optimizer_op(a, torch.cuda.is_available())
+    rc = train_job(Path(run_dir) / "train_job", a.world_size, node=n)
+    if rc == PREEMPTED_EXIT:
+        print(f"node {n.rank}: the ranks saved a checkpoint on a stop request; node 0 reports it", flush=True)
+        return 0
+    if rc:
+        print(f"node {n.rank}: training failed (torchrun exit code {rc})", file=sys.stderr, flush=True)
+    return rc
 
 
 def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
-    one_node_launch(a.world_size, ckpt_dir)
+    n = node_launch(a, ckpt_dir)
     job = Path(run_dir) / "train_job"
     spec = write_spec(OmegaConf.to_container(cfg, resolve=True), ckpt_dir, fingerprint, job)
     prebuild_optimizer_op(a, torch.cuda.is_available())
@@ -223,7 +241,7 @@ def launch(cfg, handle, method, a: TrainArgs, ckpt_dir: Path, fingerprint: str, 
     # the gathered weights are loaded into it on the host, and it goes back where it was
     where = release(handle)
     try:
-        rc = train_job(spec, a.world_size)
+        rc = train_job(job, a.world_size, node=n)
         if rc != 0:
             raise RuntimeError(f"distributed training failed (torchrun exit code {rc}); job spec {spec}")
         return load_final(handle, method, job)

@@ -125,28 +125,43 @@ def train_rank(spec_path: str | Path, started: float | None = None) -> dict | No
     return finish(job, engine, ema, conf, store, done, wall, dev)
 
 
-def start(spec_path: str | Path, t_start: float) -> Job:
+def start(spec_path: str | Path | None, t_start: float) -> Job:
     """The rank's job from its spec: the stop flag first (SIGUSR2 / SIGTERM from then on save and stop), the device,
-    the process group."""
+    the process group. ``spec_path=None`` (a follower node's ranks, ``--join``): the process group first, then the
+    spec from rank 0 (``broadcast_spec``; every rank of a several-node job takes part), then the stop flag."""
     import deepspeed
 
     watch_launcher()
-    spec = json.loads(Path(spec_path).read_text())
-    stop = StopFlag(Path(spec["out_dir"]))  # before anything slow: SIGUSR2 / SIGTERM from now on save and stop
-    cfg = OmegaConf.create(spec["config"])
-    a = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
-    a.validate()
+    spec = json.loads(Path(spec_path).read_text()) if spec_path is not None else None
+    stop = StopFlag(Path(spec["out_dir"])) if spec else None  # before anything slow: SIGUSR2 / SIGTERM save and stop
     on_gpu = torch.cuda.is_available()
     if on_gpu:  # before the process group: NCCL and the object collectives use the current device
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    if spec is None or int(spec["config"]["train"].get("nodes") or 1) > 1:
+        spec = broadcast_spec(spec)
+    stop = stop or StopFlag(Path(spec["out_dir"]))
+    cfg = OmegaConf.create(spec["config"])
+    a = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
+    a.validate()
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != a.world_size:
         raise RuntimeError(f"train.world_size={a.world_size} but torchrun started {world} ranks")
     return Job(cfg, a, stop, on_gpu, rank, world, Path(spec["ckpt_dir"]), spec["fingerprint"], Path(spec["out_dir"]),
                t_start, {"imports_and_init_distributed": round(time.time() - t_start, 2)})
+
+
+def broadcast_spec(spec: dict | None) -> dict:
+    """Rank 0's job spec on every rank (a several-node job: a follower node's ranks start without one). A rank
+    whose own spec differs from rank 0's (another config on that node) fails naming it."""
+    box = [spec]
+    dist.broadcast_object_list(box, src=0)
+    if spec is not None and box[0] != spec:
+        raise RuntimeError(f"rank {dist.get_rank()}: its job spec differs from rank 0's (every node must run the "
+                           f"same command)")
+    return box[0]
 
 
 def build(job: Job):

@@ -205,7 +205,7 @@ PARENT = textwrap.dedent("""
     from harness.train import deepspeed_engine as de
     spec = de.write_spec({cfg!r}, Path({ckpt!r}), "fp", Path({job!r}))
     try:
-        rc = de.train_job(spec, 2)
+        rc = de.train_job(spec.parent, 2)
     except Preempted as e:
         print("PREEMPTED", e, flush=True)
         sys.exit(3)

@@ -132,10 +132,10 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
     trained = {n: p.detach() + 1.0 for n, p in model.named_parameters()}
     seen = {}
 
-    def ranks(spec_path, world_size, log=None):  # stands in for torchrun + the ranks: what the parent holds now
+    def ranks(job, world_size, log=None, node=None):  # stands in for torchrun + the ranks: what the parent holds now
         seen.update(gpus=on_gpus(handle.model), bytes=[allocated(i) for i in range(virtual_node.gpus)],
                     emptied=virtual_node.empty_cache_calls)
-        final = spec_path.parent / "final"
+        final = job / "final"
         final.mkdir()
         save_file({n: t.clone().contiguous() for n, t in trained.items()}, final / "model.safetensors")
         (final / "info.json").write_text(json.dumps({"steps": 1}))
@@ -156,3 +156,42 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
         assert info == {"steps": 1} and on_gpus(handle.model) == {0}
         for n, p in handle.model.named_parameters():
             torch.testing.assert_close(p.detach().to("cpu"), trained[n])
+
+
+@pytest.mark.unit
+def test_ulysses_exchange_reaches_the_group_with_device_tensors(nccl_like_node, monkeypatch):
+    """DeepSpeed's sequence-parallel all-to-all is the custom op ``deepspeed::dim_zero_all_to_all``, not a ``c10d``
+    op: forward and backward on an emulated GPU reach the NCCL-like group with tensors on that GPU (run on the CPU
+    data behind it, the group refused them: "No backend type associated with device type cpu")."""
+    import deepspeed.comm.comm as ds_comm
+    from deepspeed.sequence.layer import _dim_zero_all_to_all, register_all_to_all_group
+
+    monkeypatch.setattr(ds_comm, "cdb", None)  # DeepSpeed's communication front over this group, for this test only
+    ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    group = dist.group.WORLD
+    register_all_to_all_group(group)
+    with nccl_like_node:
+        x = torch.randn(2, 4, 1, 2, 8, device=gpu(0), requires_grad=True)  # [ws, sl_l, bs, hc_l, hs]
+        y = _dim_zero_all_to_all(group, x)
+        assert y.device == gpu(0) and y.shape == x.shape
+        y.float().sum().backward()
+        assert x.grad is not None and x.grad.device == gpu(0)
+
+
+@pytest.mark.unit
+def test_the_sequence_group_s_length_and_draws_reach_the_group_with_device_tensors(nccl_like_node):
+    """The RoPE's global length (``all_reduce(MAX)``) and CLEX's shared draw (``broadcast``) under sequence
+    parallelism carry tensors on the positions' GPU, which an NCCL-like group accepts (a CPU tensor: refused)."""
+    from harness import sequence_group as sg
+
+    sg.set_sequence_group(dist.group.WORLD)
+    try:
+        with nccl_like_node:
+            pos = torch.arange(64, device=gpu(0))[None]
+            assert sg.global_length(pos) == 64  # the fake group's all-reduce leaves this rank's maximum
+            draw = sg.agreed(torch.rand(3, device=gpu(0)))
+            assert draw.device == gpu(0)
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            sg.global_length(torch.arange(64)[None])
+    finally:
+        sg.set_sequence_group(None)

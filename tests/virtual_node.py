@@ -18,7 +18,8 @@ catch.
 (``is_available``, ``device_count``, ``mem_get_info`` = capacity minus the bytes of live tensors on the device,
 ``memory_allocated``, ``empty_cache``, ``set_device`` / ``current_device``, device names) answer for the emulated
 GPUs, and ``harness.device.ACCELERATOR`` -- the device type the harness treats as a GPU, its one seam -- is the
-emulated type, so every "is this a GPU" decision of the harness goes the CUDA way. What is not emulated: CUDA
+emulated type, so every "is this a GPU" decision of the harness goes the CUDA way. Collectives reach the process group
+with the device tensors: ``c10d``'s ops, and DeepSpeed's Ulysses exchange (``EXCHANGES``). What is not emulated: CUDA
 kernels (a compiled flex_attention runs with dynamo's own guards and the ``eager`` backend on the CPU data, through
 ``harness.methods.flex``'s kernel hook), bf16 autocast (torch has none for this device type: float32), streams.
 """
@@ -105,7 +106,24 @@ def _real_meta(tensors: list, devices: list) -> bool:
     return any(d.type == KIND for d in devices) or any(t.device.type == KIND for t in tensors)
 
 
+def _exchange(args):
+    """``deepspeed::dim_zero_all_to_all`` (Ulysses's exchange, a custom op rather than a ``c10d`` one) as its own body
+    runs it on a GPU: the output made on the input's device, then ``all_to_all_single`` on the device tensors, so the
+    process group sees them (run on the CPU data, the group would get CPU tensors an NCCL-like group refuses)."""
+    from deepspeed.sequence.layer import _all_to_all_groups
+
+    inp, group_name = args[0], args[1]
+    out = torch.empty_like(inp)
+    torch.distributed.all_to_all_single(out, inp, group=_all_to_all_groups[group_name])
+    return out
+
+
+EXCHANGES = {"deepspeed::dim_zero_all_to_all"}  # collectives outside c10d: routed as c10d's are
+
+
 def _dispatch(func, args, kwargs):
+    if func.namespace == "deepspeed" and func.name().split(".")[0] in EXCHANGES:
+        return _exchange(args)
     if func.namespace == "c10d":  # a collective: the process group decides (an NCCL-like one refuses CPU tensors)
         if func is torch.ops.c10d.barrier.default:  # no data: torch makes its own tensor, on the current GPU on CUDA
             args = (OnDevice(args[0], gpu(torch.cuda.current_device())), *args[1:])

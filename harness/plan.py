@@ -18,6 +18,8 @@ Memory per rank (ZeRO-3, bf16 mixed precision, DeepSpeed AdamW, ``harness/train/
   the loss tiled (DeepSpeed's ``TiledFusedLogitsLoss``): one tile's fp32 logits and their gradient, 2 x
   ``train.logits_tile_mib``, plus the fp32 gradient of the slice's hidden states 4 b (T/N) d, in place of 10 b T V.
   The optimizer terms stay /W: ZeRO partitions over all W ranks.
+- MLP tiles (``train.mlp_tiles`` = k, DeepSpeed's ``TiledMLP``): a layer's MLP intermediates 4f per token at T/k
+  tokens at once, 8d + 4f/k in place of 8d + 4f (its input is among the 8d); one more MLP forward per step.
 
 Training FLOPs per token F = 4 N + 2 N_t + 12 l h q T_att (N = matmul weights incl. the LM head, N_t the trained
 ones: full fine-tuning gives PaLM's 6 N + 12 l h q T; T_att = T, or T x group ratio under LongLoRA's S2-Attn, or
@@ -164,9 +166,9 @@ def train_flops_per_token(s: Shape, n_t: int, t_att: float) -> float:
 
 
 def memory_per_rank(s: Shape, p_t: int, world: int, b: int, T: int, ckpt: bool, ema: bool, offload: bool,
-                    sp: int = 1, tile_mib: int = 256) -> dict:
+                    sp: int = 1, tile_mib: int = 256, mlp_tiles: int = 1) -> dict:
     T = T // max(1, sp)  # the rank's slice (module docstring, "sequence parallelism")
-    per_layer_saved = (8 * s.hidden + 4 * s.mlp) * 2 * b * T  # bytes
+    per_layer_saved = (8 * s.hidden + 4 * s.mlp / max(1, mlp_tiles)) * 2 * b * T  # bytes
     act = {"checkpoints": 2 * s.layers * b * T * s.hidden, "recomputed_layer": 2 * per_layer_saved} if ckpt else \
         {"all_layers": s.layers * per_layer_saved}
     if sp > 1:
@@ -323,7 +325,7 @@ def point_plan(cfg, args: PlanArgs | None = None) -> dict:
         f = train_flops_per_token(s, n_t, t_att)
         gpu_h = tokens * f / (mfu * peak) / 3600
         mem = memory_per_rank(s, p_t, t.world_size, t.micro_batch, t.seq_len, t.grad_checkpointing, t.ema,
-                              t.offload, t.sequence_parallel, t.logits_tile_mib)
+                              t.offload, t.sequence_parallel, t.logits_tile_mib, t.mlp_tiles)
         row["train"] = {"seq_len": t.seq_len, "tokens": tokens, "steps": steps, "global_batch": t.global_batch,
                         "world_size": t.world_size, "sequence_parallel": t.sequence_parallel,
                         "micro_batch": t.micro_batch, "trained_params": p_t,

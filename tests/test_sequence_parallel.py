@@ -118,11 +118,11 @@ def test_what_cannot_be_split_is_refused_in_one_line():
 @pytest.mark.slow
 def test_zero3_with_the_sequence_split_trains_as_one_rank_does_and_resumes_exactly(tmp_path):
     """The engine end to end (run.py's ``launch``): ZeRO-3 on 2 gloo ranks with ``sequence_parallel=2`` (one
-    sequence in flight, each rank half of it, 2 micro-batches per step, the LM head in 2 tiles) follows the
-    single-process engine on the same sequences for 6 steps (losses within 1e-4, weights as the 2-rank ZeRO-3 test
-    bounds them), and a run stopped after a checkpoint (the launcher's stop request, as on Slurm's SIGTERM) resumes
-    to bit-identical weights. Caught: the loss computed past the engine's forward lost every first micro-batch's
-    gradient (DeepSpeed counts micro-steps in ``engine.forward``)."""
+    sequence in flight, each rank half of it, 2 micro-batches per step, the LM head in 2 tiles, the MLPs in 2 tiles)
+    follows the single-process engine (untiled) on the same sequences for 6 steps (losses within 1e-4, weights as the
+    2-rank ZeRO-3 test bounds them), and a run stopped after a checkpoint (the launcher's stop request, as on Slurm's
+    SIGTERM) resumes to bit-identical weights. Caught: the loss computed past the engine's forward lost every first
+    micro-batch's gradient (DeepSpeed counts micro-steps in ``engine.forward``)."""
     import threading
 
     from safetensors.torch import load_file
@@ -142,7 +142,7 @@ def test_zero3_with_the_sequence_split_trains_as_one_rank_does_and_resumes_exact
         "train": {"name": "t", "enabled": True, "engine": "deepspeed", "world_size": 2, "sequence_parallel": 2,
                   "seq_len": 2 * C, "tokens": 2 * C * 2 * 6, "global_batch": 2, "micro_batch": 1, "lr": 5e-3,
                   "warmup_steps": 1, "ema": True, "ema_decay": 0.5, "save_every": 2, "autocast": "float32",
-                  "log_every": 1, "seed": 0, "logits_tile_mib": 1},
+                  "log_every": 1, "seed": 0, "logits_tile_mib": 1, "mlp_tiles": 2},
         "seed": 0})
     a = to_args(TrainArgs, cfg.train, "train")
     a.validate()
@@ -158,7 +158,8 @@ def test_zero3_with_the_sequence_split_trains_as_one_rank_does_and_resumes_exact
     info = de.launch(cfg, h1, m1, a, tmp_path / "ckpt1", "fp", tmp_path / "run1")
     assert info["sequence_parallel"] == 2 and info["effective_global_batch"] == 2 and len(info["losses"]) == 6
     h0, m0 = fresh()
-    single = TrainArgs(**{**a.__dict__, "engine": "single", "world_size": 1, "sequence_parallel": 1})
+    single = TrainArgs(**{**a.__dict__, "engine": "single", "world_size": 1, "sequence_parallel": 1,
+                          "mlp_tiles": 1})
     sinfo = finetune(h0, m0, chunks, single, tmp_path / "ck_single", "fp-single")
     np.testing.assert_allclose(info["losses"], sinfo["losses"], rtol=1e-4, atol=1e-4)
     init, _ = fresh()
@@ -200,5 +201,40 @@ def test_the_plan_gives_memory_per_rank_with_the_sequence_split():
     assert all(one[k] == split[k] for k in ("parameters", "gradients", "optimizer", "ema", "gathered_parameters"))
     assert "activations.logits_and_loss" not in split and split["activations.logits_and_loss_tiled"] == 0.75
     doc = (ROOT / "docs" / "sequence_parallel.md").read_text()
-    for v in ("125.01", "25.88", "70.72", "21.41"):
+    tiled = plan.memory_per_rank(s, s.params, 8, 1, 131072, True, True, False, 8, 256, 8)
+    assert tiled["total"] == 23.53 and tiled["activations.recomputed_layer"] == 2.34  # 4.69 -> 2.34: the MLP's 4f / 8
+    for v in ("125.01", "25.88", "70.72", "21.41", "23.53", "61.32", "106.19"):
         assert v in doc
+
+
+@pytest.mark.unit
+def test_mlps_in_tiles_give_the_untiled_loss_and_gradients_with_a_fraction_of_the_tokens_at_once():
+    """``train.mlp_tiles=4`` (DeepSpeed's TiledMLP on every gated MLP): fp32, 2 x 128 tokens, the loss within 1e-6
+    (relative) and every gradient within 1e-5 of the largest of the untiled model's; each MLP projection sees at most
+    a quarter of the tokens at once, in the forward and in the backward's recompute."""
+    import copy
+
+    from harness.train.zero.sequence import tile_mlps
+
+    torch.manual_seed(0)
+    ref = random_llama(vocab=128, hidden=32, layers=2, heads=2, ctx=C, seed=3)
+    tiled = copy.deepcopy(ref)
+    assert tile_mlps(tiled, 4) == 2 and tile_mlps(ref, 1) == 0
+    rows = []
+    for layer in tiled.model.layers:
+        layer.mlp.gate_proj.register_forward_hook(lambda m, inp, out: rows.append(inp[0].reshape(-1, 32).shape[0]))
+    ids = torch.randint(0, 128, (2, 128))
+    losses, grads = [], []
+    for m in (ref, tiled):
+        m.zero_grad()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert abs(losses[0] - losses[1]) <= 1e-6 * abs(losses[0])
+    assert grads[0].keys() == grads[1].keys()
+    top = max(g.abs().max().item() for g in grads[0].values())
+    assert max((grads[0][k] - grads[1][k]).abs().max().item() for k in grads[0]) <= 1e-5 * top
+    assert rows and max(rows) <= 2 * 128 // 4 and len(rows) == 2 * 4 * 2  # 2 layers x 4 tiles x forward, recompute
+    with pytest.raises(ConfigError, match="train.mlp_tiles=2 needs train.engine=deepspeed"):
+        TrainArgs(name="t", enabled=True, seq_len=8, tokens=64, global_batch=1, mlp_tiles=2).validate()

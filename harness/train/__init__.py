@@ -42,6 +42,7 @@ class TrainArgs:
     # head-parallel); world_size / N sequences in parallel (harness.train.zero.sequence)
     sequence_parallel: int = 1
     logits_tile_mib: int = 256  # sequence_parallel > 1: the LM head's fp32 logits per loss tile (TiledFusedLogitsLoss)
+    mlp_tiles: int = 1  # deepspeed engine: each MLP in this many pieces along the sequence (DeepSpeed's TiledMLP)
     lr: float = 2e-5
     schedule: str = "constant_with_warmup"  # constant_with_warmup | linear | cosine (after the linear warm-up)
     warmup_steps: int = 20
@@ -94,6 +95,13 @@ class TrainArgs:
             raise ConfigError(f"train.nodes={n} does not divide train.world_size={self.world_size} (every node "
                               f"starts the same number of ranks; valid: a divisor of the ranks)")
 
+    def check_mlp_tiles(self) -> None:
+        k = self.mlp_tiles
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"train.mlp_tiles: {k!r} is not a tile count (valid: an integer >= 1; 1 = off)")
+        if k > 1 and self.engine != "deepspeed":
+            raise ConfigError(f"train.mlp_tiles={k} needs train.engine=deepspeed (DeepSpeed's TiledMLP)")
+
     def check_sequence_parallel(self) -> None:
         sp = self.sequence_parallel
         if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
@@ -143,6 +151,7 @@ class TrainArgs:
         if self.engine == "deepspeed" and self.optimizer not in ("auto", "torch", "deepspeed"):
             raise ConfigError(f"train={self.name}: unknown optimizer {self.optimizer!r} (auto | torch | deepspeed)")
         self.check_nodes()
+        self.check_mlp_tiles()
         self.check_sequence_parallel()
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train={self.name}: ema_decay must be in [0, 1), got {self.ema_decay}")

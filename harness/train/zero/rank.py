@@ -186,6 +186,7 @@ def initialize(job: Job, handle, method):
     a, model = job.a, handle.model
     method.train_mode(handle)
     job.sp = sequence.setup(model, a, method)  # the attention it trains with, wrapped by DeepSpeed's Ulysses
+    sequence.tile_mlps(model, a.mlp_tiles)  # train.mlp_tiles > 1: the MLPs in pieces along the sequence
     if a.grad_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()

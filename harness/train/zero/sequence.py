@@ -175,3 +175,32 @@ def setup(model, a, method) -> SequenceParallel | None:
     group = mpu.get_sequence_parallel_group()
     set_sequence_group(group)
     return SequenceParallel(sp, dist.get_rank(group), group, mpu, a.logits_tile_mib)
+
+
+def tile_mlps(model, tiles: int) -> int:
+    """Run every gated MLP (``gate_proj`` / ``up_proj`` / ``down_proj``: the LLaMA family) in ``tiles`` pieces
+    along the sequence with DeepSpeed's ``TiledMLP``: its forward keeps only its input, its backward recomputes
+    one piece at a time, so the [tokens, MLP width] intermediates exist for 1/tiles of the tokens at once (at the
+    cost of one more MLP forward). The arithmetic is the same per token (the loss and gradients match the untiled
+    model's to rounding: ``tests/test_sequence_parallel.py``). ``tiles`` <= 1: nothing. Returns the MLPs tiled."""
+    if tiles <= 1:
+        return 0
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    def forward(mlp, x):
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+    n = 0
+    for module in model.modules():
+        if all(hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            params = [module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight]
+
+            def tiled(x, _mlp=module, _params=params):
+                return TiledMLP.apply(forward, _mlp, x, tiles, _params)
+
+            module.forward = tiled
+            n += 1
+    if not n:
+        raise ConfigError(f"train.mlp_tiles={tiles}: the model has no gated MLP (gate_proj / up_proj / down_proj) "
+                          f"to tile; use train.mlp_tiles=1")
+    return n

@@ -158,7 +158,7 @@ def test_the_parent_holds_no_weight_on_a_gpu_while_the_ranks_train(virtual_node,
             torch.testing.assert_close(p.detach().to("cpu"), trained[n])
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # DeepSpeed's communication front starts a compiler probe (gcc)
 def test_ulysses_exchange_reaches_the_group_with_device_tensors(nccl_like_node, monkeypatch):
     """DeepSpeed's sequence-parallel all-to-all is the custom op ``deepspeed::dim_zero_all_to_all``, not a ``c10d``
     op: forward and backward on an emulated GPU reach the NCCL-like group with tensors on that GPU (run on the CPU

@@ -124,9 +124,33 @@ def kernels(device: torch.device):
         return flex_attention, create_block_mask
     backend = KERNEL_BACKEND
     if backend not in _KERNELS:
-        _KERNELS[backend] = (torch.compile(flex_attention, backend=backend, dynamic=True),
-                             torch.compile(create_block_mask, backend=backend, dynamic=True))
+        _KERNELS[backend] = (_no_fallback(torch.compile(flex_attention, backend=backend, dynamic=True)),
+                             _no_fallback(torch.compile(create_block_mask, backend=backend, dynamic=True)))
     return _KERNELS[backend]
+
+
+class KernelFallback(RuntimeError):
+    """A compiled flex kernel reached dynamo's recompile limit: the call would run unfused."""
+
+
+def _no_fallback(compiled):
+    """``compiled`` with dynamo's fallback made an error: past ``recompile_limit`` graphs of one kernel dynamo would
+    run every later call unfused (flex_attention then materialises the [B, H, Lq, KV] scores: ~16 GiB at 16k on
+    LLaMA-2-7B, with a warning printed once); here that call raises ``KernelFallback`` in one line instead
+    (``torch._dynamo.config.fail_on_recompile_limit_hit``, set for these calls only)."""
+
+    def call(*args, **kwargs):
+        try:
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                return compiled(*args, **kwargs)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            raise KernelFallback(f"a compiled flex kernel reached torch._dynamo's recompile_limit "
+                                 f"({torch._dynamo.config.recompile_limit} graphs) at inputs {shapes}: it would run "
+                                 f"unfused from here on (the [B, H, Lq, KV] scores in memory); "
+                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+    return call
 
 
 def run_kernel(fn, *args, **kwargs):

@@ -65,16 +65,18 @@ def test_flex_compiles_once_per_pattern_not_per_length_or_method(cuda_policy_on_
     assert stats.compiles <= torch._dynamo.config.recompile_limit  # both frames together stay under one's limit
 
 
-def test_a_kernel_past_the_recompile_limit_is_an_error_not_an_unfused_call(cuda_policy_on_cpu, monkeypatch):
+def test_a_kernel_past_the_recompile_limit_is_an_error_not_an_unfused_call(cuda_policy_on_cpu):
     """Dynamo's fallback past ``recompile_limit`` (every later call unfused, a warning printed once) is a
     ``KernelFallback`` error naming the inputs: with the limit at 1, batch 1 compiles, batch 2 needs a second graph
     (size 1 is specialised) and raises instead of running unfused."""
     stats = cuda_policy_on_cpu
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     attend, _ = flex.kernels(torch.device("cpu"))
-    q = torch.randn(1, 2, 128, 16)
-    flex.run_kernel(attend, q, q, q)
-    assert stats.compiles == 1
-    q2 = torch.randn(2, 2, 128, 16)
-    with pytest.raises(flex.KernelFallback, match=r"recompile_limit \(1 graphs\) at inputs \[\(2, 2, 128, 16\)"):
-        flex.run_kernel(attend, q2, q2, q2)  # before: it ran unfused and returned
+    q, q2 = torch.randn(1, 2, 128, 16), torch.randn(2, 2, 128, 16)
+    limit = torch._dynamo.config.recompile_limit
+    # config.patch, not monkeypatch: monkeypatch's undo deletes the key, which hides it from dynamo for good
+    with torch._dynamo.config.patch(recompile_limit=1):
+        flex.run_kernel(attend, q, q, q)
+        assert stats.compiles == 1
+        with pytest.raises(flex.KernelFallback, match=r"recompile_limit \(1 graphs\) at inputs \[\(2, 2, 128, 16\)"):
+            flex.run_kernel(attend, q2, q2, q2)  # before: it ran unfused and returned
+    assert torch._dynamo.config.recompile_limit == limit  # and the setting is still there for every later compile

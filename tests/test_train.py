@@ -265,6 +265,7 @@ DS_PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 40 s; the default tier keeps ZeRO-3's exact resume after SIGTERM (test_train_gpu_path.py)
 def test_killing_the_parent_of_a_zero3_run_ends_its_ranks_and_resume_is_exact(tmp_path):
     """SIGKILL of the process that launched torchrun (run.py's place) ends torchrun and both ranks within seconds,
     and no checkpoint appears after the kill; the same job started again resumes from the newest checkpoint

@@ -85,32 +85,29 @@ class TrainArgs:
                               f"world_size{sp} = {per}")
         return self.global_batch // per
 
+    def _deepspeed_count(self, key: str, what: str, off: bool, why: str) -> int:
+        """``train.<key>``: an integer >= 1 (``off``: 1 means off), above 1 only with the deepspeed engine."""
+        v = getattr(self, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            valid = "an integer >= 1; 1 = off" if off else "an integer >= 1"
+            raise ConfigError(f"train.{key}: {v!r} is not a {what} (valid: {valid})")
+        if v > 1 and self.engine != "deepspeed":
+            raise ConfigError(f"train.{key}={v} needs train.engine=deepspeed ({why})")
+        return v
+
     def check_nodes(self) -> None:
-        n = self.nodes
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"train.nodes: {n!r} is not a node count (valid: an integer >= 1)")
-        if n > 1 and self.engine != "deepspeed":
-            raise ConfigError(f"train.nodes={n} needs train.engine=deepspeed (the single engine runs in this process)")
+        n = self._deepspeed_count("nodes", "node count", False, "the single engine runs in this process")
         if self.world_size % n:
             raise ConfigError(f"train.nodes={n} does not divide train.world_size={self.world_size} (every node "
                               f"starts the same number of ranks; valid: a divisor of the ranks)")
 
     def check_mlp_tiles(self) -> None:
-        k = self.mlp_tiles
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"train.mlp_tiles: {k!r} is not a tile count (valid: an integer >= 1; 1 = off)")
-        if k > 1 and self.engine != "deepspeed":
-            raise ConfigError(f"train.mlp_tiles={k} needs train.engine=deepspeed (DeepSpeed's TiledMLP)")
+        self._deepspeed_count("mlp_tiles", "tile count", True, "DeepSpeed's TiledMLP")
 
     def check_sequence_parallel(self) -> None:
-        sp = self.sequence_parallel
-        if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
-            raise ConfigError(f"train.sequence_parallel: {sp!r} is not a rank count (valid: an integer >= 1; 1 = off)")
+        sp = self._deepspeed_count("sequence_parallel", "rank count", True, "the single engine has one rank")
         if sp == 1:
             return
-        if self.engine != "deepspeed":
-            raise ConfigError(f"train.sequence_parallel={sp} needs train.engine=deepspeed (the single engine has one "
-                              f"rank)")
         if self.world_size % sp:
             raise ConfigError(f"train.sequence_parallel={sp} does not divide train.world_size={self.world_size} "
                               f"(valid: a divisor of the ranks)")

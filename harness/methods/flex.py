@@ -107,6 +107,10 @@ def use_fused(module, query: torch.Tensor, method: str | None = None, reason: st
 # padding, documents, the query offset, the band's bounds) is a tensor it reads, never a Python number captured in a
 # closure (a number is specialised: a new graph per value, and past ``torch._dynamo.config.recompile_limit`` (8) dynamo
 # stops compiling and every later call runs the unfused, materialising flex_attention: [B, H, L, L] scores).
+# The inputs are canonical too: q/k/v contiguous (a KV cache's views have strides that follow its capacity), no tensor
+# captured twice (``q_pos is k_pos`` at a prefill is a guard), and the compiled calls trace without duck sizing (Lq ==
+# KV at a prefill would tie two symbols) and size-oblivious (batch 1 and 2 share one graph): what is left is bounded
+# whatever the length, batch, padding or reuse (a query of one block or several; with or without log-sum-exp).
 # ``tests/test_flex_compile.py`` counts the compilations and the calls that ran outside a compiled graph under
 # dynamo's own guards (backend "eager" on the CPU).
 KERNEL_BACKEND = "inductor"  # torch.compile's backend for the accelerator's kernels
@@ -137,11 +141,13 @@ def _no_fallback(compiled):
     """``compiled`` with dynamo's fallback made an error: past ``recompile_limit`` graphs of one kernel dynamo would
     run every later call unfused (flex_attention then materialises the [B, H, Lq, KV] scores: ~16 GiB at 16k on
     LLaMA-2-7B, with a warning printed once); here that call raises ``KernelFallback`` in one line instead
-    (``torch._dynamo.config.fail_on_recompile_limit_hit``, set for these calls only)."""
+    (``torch._dynamo.config.fail_on_recompile_limit_hit``, set for these calls only, with the tracing settings of
+    the kernel notes above)."""
 
     def call(*args, **kwargs):
         try:
-            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False, backed_size_oblivious=True):
                 return compiled(*args, **kwargs)
         except torch._dynamo.exc.FailOnRecompileLimitHit as e:
             shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
@@ -176,7 +182,10 @@ def band_mask(q_pos, k_pos, valid, docs, off, lo, hi):
 def band(q_pos, k_pos, valid, off: int, lo: int = -BIG, hi: int = BIG, docs=None):
     """``band_mask`` and its tensors: ``(mask_mod, tensors)`` for :func:`flex` (``docs`` None: one document)."""
     dev = valid.device
-    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()  # never an expanded (stride-0) view: one stride pattern
+    # never an expanded (stride-0) view: one stride pattern
+    q_pos, k_pos, valid = q_pos.contiguous(), k_pos.contiguous(), valid.contiguous()
+    if k_pos.untyped_storage().data_ptr() == q_pos.untyped_storage().data_ptr():
+        k_pos = k_pos.clone()  # never one tensor twice: dynamo guards on the aliasing (a graph with, one without)
     if docs is None:
         docs = torch.zeros(valid.shape, dtype=torch.int64, device=dev)
     scalars = tuple(torch.tensor(x, dtype=torch.int64, device=dev) for x in (off, lo, hi))
@@ -258,7 +267,7 @@ def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: boo
 
     bm = block_mask(mask_mod, key, tensors, b, h if heads else None, lq, kv, q.device)
     # a contiguous query (a projection's transposed view, or a re-rotated copy): one stride pattern for dynamo
-    res = run_kernel(kernels(q.device)[0], q.contiguous(), k, v, block_mask=bm, scale=scale,
+    res = run_kernel(kernels(q.device)[0], q.contiguous(), k.contiguous(), v.contiguous(), block_mask=bm, scale=scale,
                      enable_gqa=k.shape[1] != h, return_aux=AuxRequest(lse=True) if lse else None)
     if lse:
         out, aux = res

@@ -333,7 +333,7 @@ def finetune(cfg, handle, method, a: TrainArgs, run_dir: str | Path, progress=No
 
 # bookkeeping keys that do not change the weights (a resumed run may change them)
 NOT_IN_RESUME_KEY = {"data": ("cache_dir", "max_tokens", "scale", "larger"),
-                     "train": ("save_every", "log_every", "keep_checkpoints", "convergence_check")}
+                     "train": ("save_every", "save_every_s", "log_every", "keep_checkpoints", "convergence_check")}
 
 
 def resume_key(cfg) -> str:

@@ -75,7 +75,7 @@ def new_run_id() -> str:
 # out.
 NOT_IN_CONFIG_HASH = ("paths", "device", "eval_world_size", "logger",
                       "data.cache_dir", "data.max_tokens", "data.scale", "data.larger",
-                      "train.save_every", "train.log_every", "train.keep_checkpoints",
+                      "train.save_every", "train.save_every_s", "train.log_every", "train.keep_checkpoints",
                       "train.nodes",  # how the ranks are spread over nodes: the same batches and weights
                       "method.facts",  # method.facts: what the tables know about a method, not a setting
                       "model.shape",  # model.shape: the checkpoint's layer shapes for the plan, not a setting

@@ -63,6 +63,10 @@ class TrainArgs:
     optimizer: str = "auto"
     doc_masking: bool = False  # position_ids restart at every BOS, attention never crosses a document boundary
     save_every: int = 50  # steps between resumable checkpoints (0 = none)
+    # single engine: also a checkpoint once this many seconds passed since the last one (0 = steps only): a GPU window
+    # that is cut off loses at most that much training (the deepspeed engine saves by steps only: a clock-based save
+    # there would need every rank to agree on it every step)
+    save_every_s: float = 0.0
     keep_checkpoints: bool = False  # keep the resumable checkpoints of a finished run (default: removed)
     max_steps: int = 0  # cap on optimizer steps (0 = tokens / (global_batch x seq_len))
     convergence_check: bool = True  # measure base and fine-tuned model inside C (harness.evals.convergence)
@@ -127,6 +131,7 @@ class TrainArgs:
             raise ConfigError(f"train={self.name}: seq_len must be positive, got {self.seq_len}")
         for key, value, valid in (("global_batch", self.global_batch, "an integer >= 1 (sequences per step)"),
                                   ("save_every", self.save_every, "an integer >= 0 (steps; 0 = no checkpoints)"),
+                                  ("save_every_s", self.save_every_s, "a number >= 0 (seconds; 0 = by steps only)"),
                                   ("weight_decay", self.weight_decay, "a number >= 0"),
                                   ("tokens", self.tokens, "an integer >= 1")):
             low = 1 if key in ("global_batch", "tokens") else 0

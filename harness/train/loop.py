@@ -106,7 +106,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
         losses = list(meta.get("losses", []))
     bos = handle.tokenizer.bos_token_id if handle.tokenizer is not None else None
     dev = model_device(model)
-    t0 = time.time()
+    t0 = saved_at = time.time()
     tokens_per_step = a.global_batch * a.seq_len
     for step in range(start, total):
         micro = []
@@ -130,9 +130,11 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
                      sched.get_last_lr()[0])
         if on_step:
             on_step(step + 1, model, ema)
-        if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < total:
+        if step + 1 < total and ((a.save_every and (step + 1) % a.save_every == 0) or
+                                 (a.save_every_s and time.time() - saved_at >= a.save_every_s)):
             save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint,
                             {"tokens": tokens_per_step * (step + 1), "losses": losses})
+            saved_at = time.time()
     wall = time.time() - t0
     if not a.keep_checkpoints:
         Store(ckpt_dir, fingerprint).cleanup()  # finished: the weights go to the run directory

@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export WANDB_MODE := offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup run lint test test-unit test-integration test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke wheelhouse plan submit tables findings export study status tiny-model clean
+.PHONY: help setup run lint test test-unit test-integration test-slow bench bench-gpu bench-gpu-smoke gpu-check gpu-check-smoke gpu-study wheelhouse plan submit tables findings export study status tiny-model clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ else
 gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process (6 at a time) via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
 	$(PY) scripts/gpu_check.py $(ARGS)
 endif
+
+gpu-study: setup ## a GPU window's work (one command, nothing downloaded): the real-model study's cells that fit the budget (HARNESS_WINDOW_S, default 780 s, minus 90), most findings unlocked first, one worker process -> results/smollm2_study/; ARGS=--plan: every cell's estimated GPU seconds
+	$(PY) scripts/gpu_study.py $(ARGS)
 
 wheelhouse: setup ## the wheels gpu-check needs beyond a GPU node's ML environment, for an offline node: PYVER=3.12 (the node's Python) OUT=wheelhouse
 	$(PY) scripts/wheelhouse.py --python $(or $(PYVER),3.12) --out $(or $(OUT),wheelhouse)

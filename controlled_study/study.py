@@ -82,7 +82,7 @@ def plan(argv: list[str], seed: int | None = None) -> tuple[list[dict], str]:
         study = study or study_of(OmegaConf.to_container(cfg, resolve=True))
         h = config_hash(OmegaConf.to_container(cfg, resolve=True))
         label = " ".join(o for o in ov if not o.startswith("experiment=")) or " ".join(ov)
-        out.append({"overrides": ov, "hash": h, "label": label, "done": None})
+        out.append({"overrides": ov, "hash": h, "label": label, "done": None, "cfg": cfg})
     done, old_gate = {}, {}
     rows = list(read_rows(results_dir or "results", study))  # the study's own rows (results/<study>/runs/)
     for r in rows:

@@ -51,6 +51,7 @@ The sweep's figure is the sum of its points' peaks (the job array runs them at o
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -444,6 +445,14 @@ def device_flops(device, dtype) -> float:
     return _FLOPS[key]
 
 
+@functools.cache
+def _gguf_config(path: str, gguf: str) -> dict:
+    """A GGUF checkpoint's config (transformers reads the whole file's metadata: seconds), once per process."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, gguf_file=gguf).to_dict()
+
+
 def run_shape(cfg, config=None) -> Shape:
     """The model's shape: ``config`` (a loaded model's config, as a dict), else the checkpoint the model config
     names (its folder, its GGUF file, a hub id in the local cache), else the shape its model YAML declares."""
@@ -455,9 +464,7 @@ def run_shape(cfg, config=None) -> Shape:
         except Exception:  # noqa: BLE001 - an unknown builder: the plan's own lookup below
             path, gguf = "", ""
         if gguf:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(path, gguf_file=gguf).to_dict()
+            config = _gguf_config(str(path), str(gguf))
         elif path and (Path(path) / "config.json").is_file():
             config = json.loads((Path(path) / "config.json").read_text())
     if config is None:
@@ -498,16 +505,17 @@ def run_cost(cfg, units, method, config=None, device=None) -> dict:
             L, n = int(L), int(n)
             flops = n * L * (2 * s.matmul_params + attn * L) + n * gen * (2 * s.matmul_params + attn * L)
             sec = flops / rate + n * (1 + gen) * per_call
-            rows[L] = {"prompts": n, "prompt_tokens": n * L, "generated_tokens": int(n * gen), "seconds": sec}
+            rows[L] = {"prompts": n, "prompt_tokens": n * L, "generated_tokens": int(n * gen), "flops": flops,
+                       "seconds": sec}
             total += sec
     train = None
     t = to_args(TrainArgs, cfg.train, f"train={cfg.train.get('name')}")
     if t.enabled:
         tokens = t.steps() * t.global_batch * t.seq_len
         _, n_t = trained_params(cfg, s)
-        sec = tokens * train_flops_per_token(s, n_t, method.attention_keys(t.seq_len)) / rate + \
-            t.steps() * 3 * per_call * max(1, t.global_batch // max(1, t.micro_batch))
-        train = {"tokens": tokens, "seconds": sec}
+        flops = tokens * train_flops_per_token(s, n_t, method.attention_keys(t.seq_len))
+        sec = flops / rate + t.steps() * 3 * per_call * max(1, t.global_batch // max(1, t.micro_batch))
+        train = {"tokens": tokens, "flops": flops, "seconds": sec}
         total += sec
     return {"entries": entries, "train": train, "seconds": total, "device": str(dev), "dtype": str(dtype)[6:],
             "model_flops_per_s": rate, "native_ctx": c}

@@ -96,9 +96,8 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt, total = optimizer(a, params), a.steps()
-    sched = scheduler(a, opt, total)
+    sched, accumulation = scheduler(a, opt, total), a.accumulation()
     ema = EMA(model, a.ema_decay, a.ema_bias_correction) if a.ema else None
-    accumulation = a.accumulation()
     start, resumed_from, losses = 0, None, []
     meta = load_checkpoint(ckpt_dir, fingerprint, model, opt, sched, ema)
     if meta is not None:
@@ -130,8 +129,7 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
                      sched.get_last_lr()[0])
         if on_step:
             on_step(step + 1, model, ema)
-        if step + 1 < total and ((a.save_every and (step + 1) % a.save_every == 0) or
-                                 (a.save_every_s and time.time() - saved_at >= a.save_every_s)):
+        if save_due(a, step + 1, total, saved_at):
             save_checkpoint(ckpt_dir, step + 1, model, opt, sched, ema, fingerprint,
                             {"tokens": tokens_per_step * (step + 1), "losses": losses})
             saved_at = time.time()
@@ -143,6 +141,15 @@ def finetune(handle, method, chunks: np.ndarray, a: TrainArgs, ckpt_dir: Path, f
     model.eval()
     method.eval_mode(handle)
     return train_info(a, ema, losses, start, resumed_from, wall)
+
+
+def save_due(a: TrainArgs, done: int, total: int, saved_at: float) -> bool:
+    """A resumable checkpoint after ``done`` of ``total`` steps: every ``save_every`` steps, and once
+    ``save_every_s`` seconds passed since the last one (``saved_at``); never after the last step."""
+    if done >= total:
+        return False
+    return bool((a.save_every and done % a.save_every == 0) or
+                (a.save_every_s and time.time() - saved_at >= a.save_every_s))
 
 
 def train_info(a: TrainArgs, ema, losses: list, start: int, resumed_from: int | None, wall: float) -> dict:

@@ -95,3 +95,62 @@ def test_the_window_runner_killed_mid_cell_resumes_to_the_uninterrupted_rows(tmp
     assert "0 cells came in" in (b / "b3.log").read_text(), (b / "b3.log").read_text()[-2000:]
     after = {p.name: p.stat().st_mtime_ns for p in (b / "results" / "gpu_rehearsal" / "runs").glob("*.json")}
     assert before == after, "a done cell ran again"
+
+
+# -- the planner, unit by unit (no process started) ----------------------------------------------------------------
+@pytest.mark.unit
+def test_a_finding_names_its_missing_rows_and_the_control():
+    from controlled_study.window import missing_keys
+
+    assert missing_keys("no rows: pi, yarn (fine-tuned); no rows: ntk_32k at 16C") == {"pi", "yarn", "ntk_32k"}
+    assert missing_keys("no rows: clex, base fine-tuned at C (the same-data control)") == {"clex", "base_ft"}
+    assert missing_keys("fragile: no interval") == set()
+
+
+@pytest.mark.unit
+def test_cells_run_most_findings_first_and_only_what_fits():
+    from controlled_study.window import Cell, fits, order
+
+    def cell(key, s, trains=False):
+        return Cell({"label": key, "done": None, "hash": key}, key, trains, estimate_s=s)
+
+    cs = order([cell("dca", 10), cell("pi", 300, True), cell("yarn", 200, True), cell("base", 50, True)],
+               {"pi": 6, "yarn": 6, "base_ft": 2, "base": 9})
+    assert [c.key for c in cs] == ["yarn", "pi", "base", "dca"]  # ties: the shorter first; base trained = control
+    assert cs[2].unlocks == 2 and cs[3].unlocks == 0
+    assert [c.key for c in fits(cs, 260)] == ["yarn", "base", "dca"]  # pi does not fit after yarn; later ones do
+
+
+@pytest.mark.unit
+def test_estimates_come_from_measured_rates_else_are_marked_guesses(monkeypatch):
+    from controlled_study import window
+    from controlled_study.window import Cell, estimate, record
+
+    monkeypatch.setattr(window, "guessed_peak", lambda kind: 1e12)
+    a = Cell({"label": "a", "hash": "a", "done": None}, "pi", True, eval_flops=4e12, train_flops=8e12)
+    b = Cell({"label": "b", "hash": "b", "done": None}, "base", False, eval_flops=4e12)
+    estimate([a, b], {}, "nvidia-h200")
+    assert a.guess and b.guess and a.estimate_s == pytest.approx(4 + 8 + 30)
+    tp = record({}, "nvidia-h200", b, {"run_id": "r", "timings": {"eval.passkey": 2.0}}, 5.0, "NVIDIA H200")
+    estimate([a, b], tp, "nvidia-h200")
+    assert not b.guess and b.estimate_s == pytest.approx(2 + 3)  # 2 TFLOP/s measured, 3 s overhead per cell
+    assert a.guess  # evaluation measured, training not yet
+    tp = record(tp, "nvidia-h200", a, {"run_id": "s", "timings": {"eval.passkey": 2.0},
+                                       "train_info": {"train_seconds": 4.0}}, 9.0, "NVIDIA H200")
+    estimate([a], tp, "nvidia-h200")
+    assert not a.guess and a.estimate_s == pytest.approx(2 + 4 + 3)  # 8 TFLOP over 4 s; (3 + 3) / 2 overhead
+    assert [e["run_id"] for e in tp["nvidia-h200"]["log"]] == ["r", "s"]
+    assert estimate([a], {}, "cpu") is None and a.guess  # another kind: nothing measured there
+
+
+@pytest.mark.unit
+def test_the_plan_prints_every_cell_its_estimate_and_the_total(capsys, tmp_path, monkeypatch):
+    from controlled_study import window
+
+    monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
+    assert window.main(["experiment=gpu_rehearsal", "--plan", "--kind", "nvidia-h200", "--budget-s", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-study plan on nvidia-h200: 2 cells, 0 done, 2 to run; budget 100 s" in out
+    assert all(f"point=gpu_rehearsal/{p}" in out for p in ("base", "yarn")), out
+    assert out.count("(guess)") == 2 and "study total to run: ~" in out and "2 of them on a guessed rate" in out
+    assert not (tmp_path / "gpu_rehearsal").exists()  # a plan writes nothing

@@ -72,6 +72,7 @@ class OnDevice(torch.Tensor):
         return r
 
     def tolist(self):  # a device-to-host read, as on CUDA
+        SYNCS.to_cpu += 1
         return self._data.tolist()
 
     def __repr__(self):
@@ -152,6 +153,8 @@ def _dispatch(func, args, kwargs):
             raise RuntimeError(f"a tensor with no data on an emulated accelerator reached {func}")
         return x
 
+    if on:
+        SYNCS.saw(func, args, to_cpu)
     a, k = pytree.tree_map(unwrap, (args, kwargs))
     out = func(*a, **k)
     target = to_dev[0] if to_dev else (None if to_cpu or not on else devs[0])
@@ -161,6 +164,46 @@ def _dispatch(func, args, kwargs):
     if on and target is not None and target == devs[0]:  # a transfer to another GPU aliases nothing
         return return_and_correct_aliasing(func, args, kwargs, out)
     return out
+
+
+class HostSyncs:
+    """What the node's device tensors made the host wait for, and how many device ops ran (each at least one kernel
+    launch on a GPU): ``item`` (``.item()``, ``int()``, ``bool()``, a Python-side length check on a device value:
+    ``aten._local_scalar_dense``), ``to_cpu`` (``.cpu()``, ``.tolist()``, ``.numpy()``: a device-to-host copy) and
+    ``shape`` (an op whose output size depends on the values, ``nonzero`` and kin: the host waits to allocate it).
+    ``reset()`` between measurements; ``syncs`` is their sum."""
+
+    # a device value read as a Python number or bool (inference mode dispatches ``item`` and ``is_nonzero`` whole)
+    TO_PYTHON = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default, aten.equal.default,
+                 aten.allclose.default}
+    DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
+                      aten.unique_consecutive.default, aten.unique_dim.default, aten.repeat_interleave.Tensor}
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.item = self.to_cpu = self.shape = self.launches = 0
+
+    @property
+    def syncs(self) -> int:
+        return self.item + self.to_cpu + self.shape
+
+    def saw(self, func, args, to_cpu: bool) -> None:
+        self.launches += 1
+        if func in self.TO_PYTHON:
+            self.item += 1
+        elif (func is aten._to_copy.default and to_cpu) or (func is aten.copy_.default and not _on(args[0])):
+            self.to_cpu += 1
+        elif func in self.DATA_DEPENDENT:
+            self.shape += 1
+
+    def snapshot(self) -> dict:
+        return {"item": self.item, "to_cpu": self.to_cpu, "shape": self.shape, "syncs": self.syncs,
+                "launches": self.launches}
+
+
+SYNCS = HostSyncs()  # the session's counter: tests reset it around what they measure
 
 
 class _Dispatch(TorchDispatchMode):
@@ -333,6 +376,7 @@ class VirtualNode:
         from harness.methods import flex
 
         self.kernels.kernel_calls += 1
+        SYNCS.launches += 1  # one fused kernel
         where: list = []
         bm = kwargs.get("block_mask")
         if isinstance(bm, BlockMask):

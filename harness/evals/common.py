@@ -153,26 +153,39 @@ class PrefixCache:
         # room for the generated tokens at the rate the prompt filled the cache (Landmark adds a landmark every
         # mem_freq tokens; every other method one entry per token): one copy now, none while decoding
         cache.reserve(-(-cache.get_seq_length() * need // len(ids)))
-        out: list[int] = []
-        stops = set(stop_ids)
-        for i in range(max_new_tokens):
-            nxt = int(logits[0, -1].float().argmax())
-            if nxt in stops:
-                break
-            out.append(nxt)
-            if i == max_new_tokens - 1:
-                break
-            p = torch.tensor([[len(ids) + i]], device=dev)
-            with autocast(dev, self.dtype):
-                h = dec(input_ids=torch.tensor([[nxt]], device=dev), past_key_values=cache, use_cache=True,
-                        position_ids=p)
-                logits = head(h.last_hidden_state[:, -1:])
+        out = self._decode(dec, head, logits, cache, len(ids), max_new_tokens, dev, set(stop_ids))
         if self.enabled:
             extra = cache.get_seq_length() - len(ids)
             if extra > 0:
                 cache.crop(-extra)
             self.cache, self.ids = cache, list(ids)
         return out
+
+
+    def _decode(self, dec, head, logits, cache, n: int, max_new_tokens: int, dev, stops: set) -> list[int]:
+        """Greedy decoding of at most ``max_new_tokens`` tokens after a prompt of ``n``, up to the first of
+        ``stops`` (excluded). Each token stays on the device and is fed back from there; the host reads them every
+        ``STOP_CHECK`` tokens when there are stop tokens to look for (else once, at the end): one host sync per
+        ``STOP_CHECK`` tokens instead of one per token. The tokens decoded past a stop within its group cost a few
+        decoding steps and change nothing before it (greedy decoding is causal): the output is the same."""
+        toks, out = [], []
+        for i in range(max_new_tokens):
+            if i:
+                with autocast(dev, self.dtype):
+                    h = dec(input_ids=toks[-1].view(1, 1), past_key_values=cache, use_cache=True,
+                            position_ids=torch.full((1, 1), n + i - 1, device=dev))
+                    logits = head(h.last_hidden_state[:, -1:])
+            toks.append(logits[0, -1].float().argmax())
+            if i == max_new_tokens - 1 or (stops and len(toks) % STOP_CHECK == 0):
+                read = torch.stack(toks[len(out):]).tolist()
+                cut = next((j for j, t in enumerate(read) if t in stops), None)
+                if cut is not None:
+                    return out + read[:cut]
+                out += read
+        return out
+
+
+STOP_CHECK = 8  # decoded tokens between two host reads of them (PrefixCache._decode)
 
 
 @functools.cache

@@ -127,19 +127,17 @@ def dca_flex(module, query, key, value, attention_mask, scale: float, position_i
     qc, kc = torch.div(q_pos, L, rounding_mode="floor"), torch.div(k_pos, L, rounding_mode="floor")
     k_c = bw.rotate(key.float(), k_pos % L - k_pos, inv).to(key.dtype)
     p_intra, p_succ, p_inter = query_positions(q_pos, chunk_size, local_window)
-    far = int(qc.max() - kc.min()) if key.shape[2] else 0
 
     def part(kind: str, lo: int, hi: int | None, q_at):
         # the chunk difference qc - kc in [lo, hi]: the shared band mask over chunk indices (one compiled kernel)
         mask, tensors = fx.band(qc, kc, valid, off, lo=lo, hi=fx.BIG if hi is None else hi + 1)
         q = bw.rotate(query.float(), q_at - q_pos, inv).to(query.dtype)
-        return fx.flex(q, k_c, value, mask, (kind, L, off), tensors, scale, lse=True)
+        return fx.flex(q, k_c, value, mask, (kind, L, off), tensors, scale, lse=True,
+                       source=(position_ids, attention_mask))
 
-    parts = [part("dca_intra", 0, 0, p_intra)]
-    if far >= 1:
-        parts.append(part("dca_succ", 1, 1, p_succ))
-    if far >= 2:
-        parts.append(part("dca_inter", 2, None, p_inter))
+    # all three parts always (no host read of how many chunks apart the farthest pair is: a part with no visible key
+    # has log-sum-exp -inf and adds exactly nothing to the merge)
+    parts = [part("dca_intra", 0, 0, p_intra), part("dca_succ", 1, 1, p_succ), part("dca_inter", 2, None, p_inter)]
     return fx.attention_result(fx.merge(parts), query)
 
 

@@ -194,17 +194,49 @@ def band(q_pos, k_pos, valid, off: int, lo: int = -BIG, hi: int = BIG, docs=None
 
 
 def block_mask(mask_mod, key: tuple, tensors: tuple, batch: int, heads: int | None, q_len: int, kv_len: int,
-               device: torch.device):
-    """``create_block_mask`` with a small cache: a mask with the same ``key`` (kind, parameters) whose captured
-    ``tensors`` (positions, padding) are equal is reused (the layers of one forward share it)."""
+               device: torch.device, source: tuple | None = None):
+    """``create_block_mask`` with a small cache: the layers of one forward share one block mask. ``source``: the
+    tensors the mask's ``tensors`` were derived from (the forward's ``position_ids`` and padding mask, each possibly
+    None) -- a cached mask with the same ``key`` (kind, parameters, sizes) made from the very same source tensors,
+    unmodified since (their version counters), is reused without reading a device value (no host sync per layer).
+    Without ``source`` the captured ``tensors`` themselves are compared (``torch.equal``: a host sync each)."""
     full_key = (key, batch, heads, q_len, kv_len, str(device))
     for k, ts, bm in reversed(_MASKS):
-        if k == full_key and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ts, tensors)):
+        if k != full_key:
+            continue
+        if source is not None and isinstance(ts, _Source) and ts.same(source):
+            return bm
+        if source is None and not isinstance(ts, _Source) and \
+                all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ts, tensors)):
             return bm
     bm = run_kernel(kernels(device)[1], mask_mod, batch, heads, q_len, kv_len, device=device)
-    _MASKS.append((full_key, tuple(t.detach().clone() for t in tensors), bm))
+    kept = _Source(source) if source is not None else tuple(t.detach().clone() for t in tensors)
+    _MASKS.append((full_key, kept, bm))
     del _MASKS[:-8]
     return bm
+
+
+class _Source:
+    """The source tensors of a cached block mask, held (so no other tensor takes their identity while cached) with
+    their version counters (an in-place change makes them another source). An inference tensor has no version
+    counter; it is matched by identity alone (the harness never changes position ids or padding masks in place)."""
+
+    def __init__(self, tensors: tuple):
+        self.tensors = tuple(tensors)
+        self.versions = tuple(_version(t) for t in self.tensors)
+
+    def same(self, tensors: tuple) -> bool:
+        return len(tensors) == len(self.tensors) and all(a is b for a, b in zip(tensors, self.tensors)) and \
+            all(_version(t) == v for t, v in zip(tensors, self.versions))
+
+
+def _version(t):
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor: no version counter
+        return None
 
 
 def dense_attention(q, k, v, mask_mod, scale: float):
@@ -249,11 +281,13 @@ def row_attention(q, k, v, mask_mod, scale: float):
     return out, lse
 
 
-def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: bool = False, lse: bool = False):
+def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: bool = False, lse: bool = False,
+         source: tuple | None = None):
     """One flex_attention call: q [B, H, Lq, D], k/v [B, H_kv, KV, D] (GQA not expanded) -> out [B, H, Lq, D]
     (float32 when ``lse``, else q's dtype) and, with ``lse``, the log-sum-exp [B, H, Lq] (float32, natural log).
     ``mask_mod(b, h, q_idx, kv_idx)`` indexes the captured ``tensors``; ``heads``: the mask depends on the head.
-    A decoding step (one query) is :func:`row_attention`."""
+    A decoding step (one query) is :func:`row_attention`. ``source``: what ``tensors`` were derived from
+    (:func:`block_mask`)."""
     b, h, lq, _ = q.shape
     kv = k.shape[2]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -265,7 +299,7 @@ def flex(q, k, v, mask_mod, key: tuple, tensors: tuple, scale: float, heads: boo
         return (out, l_) if lse else out.to(q.dtype)
     from torch.nn.attention.flex_attention import AuxRequest
 
-    bm = block_mask(mask_mod, key, tensors, b, h if heads else None, lq, kv, q.device)
+    bm = block_mask(mask_mod, key, tensors, b, h if heads else None, lq, kv, q.device, source)
     # a contiguous query (a projection's transposed view, or a re-rotated copy): one stride pattern for dynamo
     res = run_kernel(kernels(q.device)[0], q.contiguous(), k.contiguous(), v.contiguous(), block_mask=bm, scale=scale,
                      enable_gqa=k.shape[1] != h, return_aux=AuxRequest(lse=True) if lse else None)
@@ -306,15 +340,17 @@ def self_extend(module, query, key, value, attention_mask, scale: float, positio
     """Self-Extend (neighbour band + grouped positions, one softmax) as two flex calls merged by log-sum-exp."""
     q_pos, k_pos, valid, off = attention_context(query, key, attention_mask, position_ids)
     inv = module.harness_inv_freq
+    src = (position_ids, attention_mask)
     near, tensors = band(q_pos, k_pos, valid, off, hi=window)
-    parts = [flex(query, key, value, near, ("se_near", window, off), tensors, scale, lse=True)]
-    if key.shape[2] and bool((q_pos.max() - k_pos.min()) >= window):
-        qg_pos = torch.div(q_pos, group, rounding_mode="floor") + shift
-        kg_pos = torch.div(k_pos, group, rounding_mode="floor")
-        q_grp = bw.rotate(query.float(), qg_pos - q_pos, inv).to(query.dtype)
-        k_grp = bw.rotate(key.float(), kg_pos - k_pos, inv).to(key.dtype)
-        far, tensors = band(q_pos, k_pos, valid, off, lo=window)
-        parts.append(flex(q_grp, k_grp, value, far, ("se_far", window, off), tensors, scale, lse=True))
+    parts = [flex(query, key, value, near, ("se_near", window, off), tensors, scale, lse=True, source=src)]
+    # the grouped part always runs (no host read of whether any distance reaches the window: a part with no visible
+    # key has log-sum-exp -inf and adds exactly nothing to the merge)
+    qg_pos = torch.div(q_pos, group, rounding_mode="floor") + shift
+    kg_pos = torch.div(k_pos, group, rounding_mode="floor")
+    q_grp = bw.rotate(query.float(), qg_pos - q_pos, inv).to(query.dtype)
+    k_grp = bw.rotate(key.float(), kg_pos - k_pos, inv).to(key.dtype)
+    far, tensors = band(q_pos, k_pos, valid, off, lo=window)
+    parts.append(flex(q_grp, k_grp, value, far, ("se_far", window, off), tensors, scale, lse=True, source=src))
     return attention_result(merge(parts), query)
 
 
@@ -329,11 +365,17 @@ def lm_infinite(module, query, key, value, attention_mask, scale: float, positio
     n_kv, kv = key.shape[1], key.shape[2]
 
     local, tensors = band(q_pos, k_pos, valid, off, hi=n_local)
-    parts = [flex(query, key, value, local, ("lmi_local", n_local, off), tensors, scale, lse=True)]
+    parts = [flex(query, key, value, local, ("lmi_local", n_local, off), tensors, scale, lse=True,
+                  source=(position_ids, attention_mask))]
     rank = valid.long().cumsum(-1) - 1
     is_global = valid & (rank < n_global)
-    g_end = int(is_global.nonzero()[:, 1].max()) + 1 if bool(is_global.any()) else 0
-    if g_end and bool((q_pos.max() - k_pos[:, :g_end].min()) >= n_local):
+    if attention_mask is None:  # no padding: the first n_global keys, known without reading a device value
+        g_end = min(n_global, kv)
+    else:
+        g_end = int(is_global.nonzero()[:, 1].max()) + 1 if bool(is_global.any()) else 0
+    # the global branch always runs when there are global keys (no host read of whether one is beyond the local band:
+    # a row that sees none has log-sum-exp -inf and adds exactly nothing to the merge)
+    if g_end:
         d_star = min(limit, kv - 1)
         q_stat = bw.group_q(bw.rotate(query.float(), d_star - q_pos, inv), n_kv)  # [B, H_kv, g, Lq, D]
         k_stat = bw.rotate(key[:, :, :g_end].float(), -k_pos[:, :g_end], inv)  # [B, H_kv, g_end, D]
@@ -372,7 +414,7 @@ def s2(query, key, value, attention_mask, scale: float, group: int, shift: bool,
             ok = torch.where(hi < h0, valid[bi, ki], valid_r[bi, ki])
             return ((qi >= ki) & ok & (qi // group == ki // group)) | (qi == ki)
 
-        o = flex(q, k, v, rolled, ("s2_roll", group, h0), (valid,), scale, heads=True)
+        o = flex(q, k, v, rolled, ("s2_roll", group, h0), (valid,), scale, heads=True, source=(attention_mask,))
         return attention_result(torch.cat([o[:, :h0], o[:, h0:].roll(group // 2, 2)], dim=1), query)
     front = group - group // 2  # forward_flashattn: segments [0, G//2), [G//2, G//2 + G), ... on shifted heads
 
@@ -381,7 +423,8 @@ def s2(query, key, value, attention_mask, scale: float, group: int, shift: bool,
         sk = torch.where(hi < h0, ki // group, (ki + front) // group)
         return ((qi >= ki) & valid[bi, ki] & (sq == sk)) | (qi == ki)
 
-    return attention_result(flex(query, key, value, segments, ("s2", group, h0), (valid,), scale, heads=True), query)
+    return attention_result(flex(query, key, value, segments, ("s2", group, h0), (valid,), scale, heads=True,
+                                 source=(attention_mask,)), query)
 
 
 # ---------------------------------------------------------------------------------------------------- documents
@@ -390,6 +433,24 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     (transformers' ``find_packed_sequence_indices``)."""
     first = position_ids[:, :1] - 1
     return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+_DOCS: list = []  # [(_Source of the position ids, (batch, length, device), documents or None)], most recent last
+
+
+def packed_documents(position_ids, b: int, lq: int, device) -> torch.Tensor | None:
+    """[B, L] document ids when ``position_ids`` restart (several packed documents), else None. Whether they
+    restart is a host read of a device value; the layers of one forward share the answer (the same position ids,
+    unmodified: ``_Source``), so it is read once per forward, not once per layer."""
+    where = (b, lq, str(device))
+    for src, w, docs in reversed(_DOCS):
+        if w == where and src.same((position_ids,)):
+            return docs
+    ids = document_ids(position_ids.to(device).expand(b, lq))
+    docs = ids if bool((ids[:, -1] > 0).any()) else None
+    _DOCS.append((_Source((position_ids,)), where, docs))
+    del _DOCS[:-4]
+    return docs
 
 
 def causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None,
@@ -402,9 +463,7 @@ def causal_attention(module, query, key, value, attention_mask, scaling=None, dr
     gqa = key.shape[1] != h
     docs = None
     if position_ids is not None and attention_mask is None and kv == lq:
-        ids = document_ids(position_ids.to(query.device).expand(b, lq))
-        if bool((ids[:, -1] > 0).any()):
-            docs = ids
+        docs = packed_documents(position_ids, b, lq, query.device)
     if docs is None and attention_mask is None and (kv == lq or lq == 1):
         out = F.scaled_dot_product_attention(query, key, value, is_causal=kv == lq and lq > 1, scale=scale,
                                              enable_gqa=gqa)
@@ -414,7 +473,8 @@ def causal_attention(module, query, key, value, attention_mask, scaling=None, dr
     q_pos = torch.zeros(b, lq, dtype=torch.int64, device=query.device)
     k_pos = torch.zeros(b, kv, dtype=torch.int64, device=query.device)
     mask, tensors = band(q_pos, k_pos, valid, off, docs=docs)
-    return attention_result(flex(query, key, value, mask, ("causal", off, docs is not None), tensors, scale), query)
+    return attention_result(flex(query, key, value, mask, ("causal", off, docs is not None), tensors, scale,
+                                 source=(position_ids, attention_mask)), query)
 
 
 bw.register_attention(CAUSAL_NAME, causal_attention)

@@ -59,12 +59,15 @@ PYTHON ?= python3
 gpu-check:
 	$(PYTHON) -m pip install --no-index --no-deps --find-links $(WHEELHOUSE) $(WHEELHOUSE)/*.whl
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) scripts/gpu_check.py $(ARGS)
+gpu-study:
+	$(PYTHON) -m pip install --no-index --no-deps --find-links $(WHEELHOUSE) $(WHEELHOUSE)/*.whl
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) scripts/gpu_study.py $(ARGS)
 else
 gpu-check: setup ## the first hour on a GPU, one command (one time budget, default 8 min): every method at 2C/4C in its own process (6 at a time) via run.py, DeepSpeed steps, bench-gpu -> results/gpu_check.json; offline node: WHEELHOUSE=dir PYTHON=python3
 	$(PY) scripts/gpu_check.py $(ARGS)
 endif
 
-gpu-study: setup ## a GPU window's work (one command, nothing downloaded): the real-model study's cells that fit the budget (HARNESS_WINDOW_S, default 780 s, minus 90), most findings unlocked first, one worker process -> results/smollm2_study/; ARGS=--plan: every cell's estimated GPU seconds
+gpu-study: setup ## a GPU window's work (one command, nothing downloaded): the real-model study's cells that fit the budget (HARNESS_WINDOW_S, default 780 s, minus 90), most findings unlocked first, one worker process -> results/smollm2_study/; ARGS=--plan: every cell's estimated GPU seconds; offline node: WHEELHOUSE=dir PYTHON=python3 (docs/gpu_study.md)
 	$(PY) scripts/gpu_study.py $(ARGS)
 
 wheelhouse: setup ## the wheels gpu-check needs beyond a GPU node's ML environment, for an offline node: PYVER=3.12 (the node's Python) OUT=wheelhouse

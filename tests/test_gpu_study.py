@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.integration
 
 # what differs between two runs of the same cell by design: identity, clocks, durations, where it ran
 VOLATILE = {"run_id", "time_start", "time_end", "heartbeat", "heartbeat_every_s", "pid", "host", "timings", "run_dir",
@@ -59,6 +58,7 @@ def _wait(p: subprocess.Popen, base: Path, log: str, timeout: float = 300) -> No
     assert p.returncode == 0, (base / log).read_text()[-3000:]
 
 
+@pytest.mark.integration
 def test_the_window_runner_killed_mid_cell_resumes_to_the_uninterrupted_rows(tmp_path, monkeypatch, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

@@ -55,6 +55,7 @@ def test_shipped_tiny_model_gate_holds_on_fresh_prompts():
         assert (f["ci"][1] >= float(thr)) if op == ">=" else (f["ci"][0] <= float(thr)), f
 
 
+@pytest.mark.slow  # 40 s; fine-tune then evaluate stays in the default tier: make run's YaRN, the gpu-study rehearsal
 def test_e2e_pi_finetune_then_evaluate(tmp_path):
     r = _run(["method=pi", "train=tiny", "train.tokens=24576", "train.global_batch=2", "train.save_every=2",
               "eval=quick", "eval.suite.passkey.samples=3", "eval.suite.ppl_books.samples=1"], tmp_path)

@@ -26,6 +26,7 @@ def stat_or_none(p):
     return p.stat().st_mtime_ns if p.exists() else None
 
 
+@pytest.mark.slow  # 90 s; the GPU window's command is now make gpu-study, rehearsed in the default tier
 def test_smoke_runs_every_check_through_run_py(tmp_path):
     before = stat_or_none(REAL_OUT)
     work = tmp_path / "work"

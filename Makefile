@@ -73,7 +73,7 @@ gpu-study: setup ## a GPU window's work (one command, nothing downloaded): the r
 wheelhouse: setup ## the wheels gpu-check needs beyond a GPU node's ML environment, for an offline node: PYVER=3.12 (the node's Python) OUT=wheelhouse
 	$(PY) scripts/wheelhouse.py --python $(or $(PYVER),3.12) --out $(or $(OUT),wheelhouse)
 
-gpu-check-smoke: setup ## the same code on CPU at tiny sizes (tiny_llama, a temp folder; part of the default test tier)
+gpu-check-smoke: setup ## the same code on CPU at tiny sizes (tiny_llama, a temp folder; the slow test tier)
 	$(PY) scripts/gpu_check.py --smoke $(ARGS)
 
 plan: setup ## cost plan of a cluster sweep (memory per rank, tokens, GPU-hours, checkpoint space): EXP=paper_llama2

@@ -1,7 +1,7 @@
 """Benchmarks cannot rot (issue 49): every ``benchmarks/bench_*.py`` takes its model, its native window C and each
 method's settings from the harness's own builders and configs (never a hand-set C: ``bench_methods`` once built a
 C = 256 model while the LongRoPE factors were for the shipped C = 512, and ``make bench`` failed unseen), and every
-one of them runs at tiny sizes in the default tier (``scripts/bench.py --smoke``; ``bench_gpu`` has its own
+one of them runs at tiny sizes in the slow tier (``scripts/bench.py --smoke``, 60 s; ``bench_gpu`` has its own
 ``--smoke`` test, tests/test_bench_gpu.py)."""
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _errors(x, where="") -> list[str]:
     return []
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # 60 s (the default tier's 20 minutes)
 def test_every_benchmark_runs_in_smoke_mode(tmp_path, capsys):
     bench = load_file_module(ROOT / "scripts" / "bench.py", "bench_script")
     out = tmp_path / "bench.json"

@@ -36,6 +36,7 @@ def test_shipped_tiny_model_card_reports_its_gate_honestly():
     assert cfg["max_position_embeddings"] == gate["native_ctx"]
 
 
+@pytest.mark.slow  # 28 s (the default tier's 20 minutes)
 def test_shipped_tiny_model_gate_holds_on_fresh_prompts():
     """The gate re-measured on prompts the card did not use (another seed, fewer samples): every check the card
     reports as passed must stay consistent with its rule, i.e. the rule's threshold lies inside or on the right side

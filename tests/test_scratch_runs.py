@@ -82,7 +82,7 @@ def _in_process(overrides: list[str], tmp: Path) -> Path:
     return run.path
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # 35 s (the default tier's 20 minutes)
 def test_make_run_and_a_quick_sweep_change_no_committed_number(tmp_path, monkeypatch):
     from controlled_study import build_studies
     from controlled_study.findings import write as write_findings

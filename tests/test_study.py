@@ -16,6 +16,7 @@ OVERRIDES = ["experiment=tiny_study", "point=tiny_study/base", "eval=quick", "ev
              "eval.suite.passkey.samples=2", "eval.suite.ppl_books.samples=1"]
 
 
+@pytest.mark.slow  # 32 s; skipping by config hash stays in the default tier: the gpu-study rehearsal
 def test_study_runs_then_skips_by_config_hash(tmp_path):
     env = dict(os.environ, HARNESS_RESULTS_DIR=str(tmp_path / "results"), HARNESS_OUTPUT_DIR=str(tmp_path / "out"),
                HARNESS_CKPT_DIR=str(tmp_path / "ckpt"), HARNESS_CACHE_DIR=str(tmp_path / "cache"),

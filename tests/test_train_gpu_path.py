@@ -213,6 +213,7 @@ PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 42 s (the default tier's 20 minutes); ZeRO-3's two ranks stay there (test_train.py)
 def test_zero3_ranks_save_and_stop_on_slurms_sigterm_then_resume(tmp_path):
     """SIGTERM to every process of the job (as Slurm signals a job step: launcher, torchrun, both ranks) mid-run:
     torchrun survives, the ranks finish the step, save a checkpoint of it and exit; the launcher raises Preempted

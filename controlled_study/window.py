@@ -52,7 +52,7 @@ from omegaconf import OmegaConf
 from controlled_study import study as st
 from controlled_study.findings import evaluate
 from controlled_study.rows import RowSet, load_spec
-from harness import api, conf_utils, lifecycle, pipeline, plan
+from harness import api, lifecycle, pipeline, plan
 from harness.device import resolve_device
 from harness.models import build_model
 from harness.results import atomic_write_text, read_rows, study_dir
@@ -241,7 +241,7 @@ def run_cell(cell: Cell, results_dir: str, models: dict, device) -> tuple[dict |
     if lock is None:
         return None, why
     try:
-        cfg = conf_utils.compose(cell.job["overrides"])
+        cfg = cell.job["cfg"]  # composed once, by the plan
         mkey = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
         if mkey not in models:
             models.clear()  # one model in memory at a time

@@ -190,9 +190,10 @@ def tiny_tokenizer():
     return AutoTokenizer.from_pretrained(str(ASSET_DIR))
 
 
-def small_tiny(tokenizer):
-    """A one-layer random model with tiny_llama's tokenizer, window C = 512, RoPE and head size (64, so that the
-    shipped LongRoPE factors fit): the methods see tiny_llama's shapes at a fraction of its compute."""
+def small_tiny(tokenizer, layers: int = 1):
+    """A random model of ``layers`` layers (one by default) with tiny_llama's tokenizer, window C = 512, RoPE and head
+    size (64, so that the shipped LongRoPE factors fit): the methods see tiny_llama's shapes at a fraction of its
+    compute."""
     from transformers import LlamaForCausalLM
 
     from harness.models import ModelHandle, rotary_dim
@@ -200,7 +201,7 @@ def small_tiny(tokenizer):
 
     torch.manual_seed(0)
     cfg = tiny_config(len(tokenizer), 500.0, tokenizer.bos_token_id, tokenizer.eos_token_id,
-                      tokenizer.pad_token_id, native_ctx=C, layers=1, hidden=128, heads=2, intermediate=256)
+                      tokenizer.pad_token_id, native_ctx=C, layers=layers, hidden=128, heads=2, intermediate=256)
     cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg).eval()
     return ModelHandle(model, tokenizer, "tiny_llama", C, {"rotary_dim": rotary_dim(cfg)})

@@ -21,26 +21,12 @@ import torch
 
 from harness.conf_utils import group_defaults
 from harness.evals.common import STOP_CHECK
-from tests.test_device import C
+from tests.test_device import C, small_tiny
 from tests.test_device import tiny_tokenizer as tiny_tokenizer  # the fixture, shared
 from tests.virtual_node import SYNCS, to_accelerator
 
 METHODS = ("base", "self_extend", "lm_infinite", "dca")  # base: harness_causal, as every RoPE method
 pytestmark = pytest.mark.integration  # the fine-tuning loop runs
-
-
-def _model(tokenizer, layers: int):
-    from transformers import LlamaForCausalLM
-
-    from harness.models import ModelHandle, rotary_dim
-    from harness.models.tiny_llama import tiny_config
-
-    torch.manual_seed(0)
-    cfg = tiny_config(len(tokenizer), 500.0, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                      native_ctx=C, layers=layers, hidden=128, heads=2, intermediate=256)
-    cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).eval()
-    return ModelHandle(model, tokenizer, "tiny_llama", C, {"rotary_dim": rotary_dim(cfg)})
 
 
 def _counts(name: str, tokenizer, layers: int, train: bool = True) -> tuple[int, int | None]:
@@ -50,7 +36,7 @@ def _counts(name: str, tokenizer, layers: int, train: bool = True) -> tuple[int,
     from harness.methods.flex import set_backend
     from harness.train import TrainArgs, loop
 
-    handle = _model(tokenizer, layers)
+    handle = small_tiny(tokenizer, layers)
     to_accelerator(handle.model)
     set_backend(handle.model, "auto")
     method = build_method(group_defaults("method", name))
